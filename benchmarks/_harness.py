@@ -1,0 +1,151 @@
+"""Shared benchmark harness: warm up, block_until_ready, medians, ratios measured in one run.
+
+Every table row is timed in the same process, one after the other, so the ratios
+(against the roofline and against the peers) are what to read; the absolute
+milliseconds move from run to run on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _block(tree: Any) -> None:
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+
+
+def median_ms(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 9) -> float:
+    """Median wall time of ``fn(*args)`` in milliseconds, after ``warmup`` untimed calls.
+
+    The first warm-up call compiles; results are blocked on so that the time covers
+    the computation and not just its dispatch.
+    """
+    for _ in range(warmup):
+        _block(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _block(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def roofline(nbytes: int) -> tuple[Callable[..., Any], tuple[jax.Array]]:
+    """A plain jnp copy that moves ``nbytes`` in all (reads half of them, writes half).
+
+    This is the memory-bandwidth floor for an op that must read and write that many
+    bytes: no op can be faster than copying its traffic.
+    """
+    n = max(1, nbytes // 2 // 4)
+    src = jnp.asarray(np.random.default_rng(0).random(n, np.float32))
+    return jax.jit(jnp.copy), (src,)
+
+
+def nbytes(*arrays: Any) -> int:
+    """Total bytes of arrays (or shape-dtype structs)."""
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
+
+
+@dataclass
+class Row:
+    case: str
+    impl: str
+    ms: float
+    roofline_ms: float
+    peers: dict[str, float] = field(default_factory=dict)
+
+
+class Table:
+    """Collects rows and prints them with ratios to the roofline and to named peers."""
+
+    def __init__(self, title: str, peer_names: Sequence[str]) -> None:
+        self.title = title
+        self.peer_names = list(peer_names)
+        self.rows: list[Row] = []
+
+    def add(self, case: str, impl: str, ms: float, roofline_ms: float, **peers: float) -> None:
+        self.rows.append(Row(case, impl, ms, roofline_ms, peers))
+        print(f"  {case:<44} {impl:<22} {ms:9.2f} ms", flush=True)
+
+    def render(self) -> str:
+        header = ["case", "impl", "ms", "x roofline", *[f"x {p}" for p in self.peer_names]]
+        lines = [
+            f"### {self.title}",
+            "",
+            describe_machine(),
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for r in self.rows:
+            cells = [r.case, r.impl, f"{r.ms:.2f}", f"{r.ms / r.roofline_ms:.2f}"]
+            for p in self.peer_names:
+                cells.append(f"{r.ms / r.peers[p]:.2f}" if p in r.peers else "")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append(
+            "x roofline: time over a jnp copy moving the same bytes (1.0 is memory bandwidth); "
+            "x peer: time over the peer's time in this run (below 1 is faster)."
+        )
+        return "\n".join(lines)
+
+
+def describe_machine() -> str:
+    devices = jax.devices()
+    return (
+        f"{platform.processor() or platform.machine()}, {len(devices)} x "
+        f"{devices[0].device_kind}, jax {jax.__version__}, numpy {np.__version__}"
+        + (f", torch {_torch_version()}" if _torch_version() else ", torch not installed")
+    )
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def torch_or_none() -> Any:
+    """PyTorch if installed (an optional peer, never a dependency), else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(_cpu_count())  # the same cores XLA:CPU uses
+    return torch
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--repeats", type=int, default=9, help="timed calls per row (median taken)")
+    p.add_argument("--out", default=None, help="also write the markdown table to this file")
+    return p
+
+
+def finish(table: Table, out: str | None) -> None:
+    text = table.render()
+    print()
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")

@@ -1,0 +1,15 @@
+"""jaxgrad: differentiable JAX ops whose backward passes are DirectML's and TensorFlow's
+documented gradient operators, exact, deterministic and fast.
+
+Only the names below are public; the underscored modules are private and may change.
+"""
+
+from jaxgrad._relu import relu as relu
+from jaxgrad._relu import relu_grad as relu_grad
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "relu",
+    "relu_grad",
+]
