@@ -6,10 +6,16 @@ Only the names below are public; the underscored modules are private and may cha
 
 from jaxgrad._relu import relu as relu
 from jaxgrad._relu import relu_grad as relu_grad
+from jaxgrad._resample import resample as resample
+from jaxgrad._resample import resample_grad as resample_grad
+from jaxgrad._resize import resize as resize
 
 __version__ = "0.1.0"
 
 __all__ = [
     "relu",
     "relu_grad",
+    "resample",
+    "resample_grad",
+    "resize",
 ]

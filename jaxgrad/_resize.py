@@ -1,0 +1,159 @@
+"""resize: ONNX Resize's coordinate conventions (and so PyTorch's and TensorFlow's) on resample."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.typing import ArrayLike
+
+from jaxgrad import _checks, _resample
+
+COORDINATE_TRANSFORMATION_MODES = (
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_half_pixel_for_nn",
+    "half_pixel_symmetric",
+)
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def resize(
+    x: ArrayLike,
+    output_shape: Sequence[int] | None = None,
+    *,
+    scales: Sequence[float] | None = None,
+    mode: str = "nearest",
+    coordinate_transformation_mode: str = "half_pixel",
+    nearest_mode: str = "round_prefer_floor",
+) -> jax.Array:
+    """Resizes ``x`` with ONNX Resize's semantics, differentiably through ``resample``.
+
+    Give exactly one of ``output_shape`` and ``scales``. Per axis, with input
+    length ``n_in``: from ``output_shape``, ``n_out`` is given and the scale is
+    ``s = n_out / n_in``; from ``scales``, ``n_out = floor(n_in * s)`` and the
+    coordinates use the given ``s``. Output index ``o`` reads input coordinate
+    ``u`` by ``coordinate_transformation_mode`` (``L = s * n_in``, unrounded)::
+
+      half_pixel            (o + 0.5) / s - 0.5
+      pytorch_half_pixel    (o + 0.5) / s - 0.5, or 0 when L == 1
+      align_corners         o * (n_in - 1) / (L - 1), or 0 when L == 1
+      asymmetric            o / s
+      tf_half_pixel_for_nn  (o + 0.5) / s
+      half_pixel_symmetric  n_in / 2 * (1 - n_out / L) + (o + 0.5) / s - 0.5
+
+    computed in float64 in the order ONNX's reference evaluator uses, so that
+    exact ties round the same way. ``mode="nearest"`` then rounds ``u`` by
+    ``nearest_mode`` (``round_prefer_floor`` sends ties down,
+    ``round_prefer_ceil`` up) and ``mode="linear"`` interpolates between the two
+    neighbours; indices clamp to the edges, as in ``resample``.
+
+    Ports: PyTorch ``F.interpolate(mode="bilinear", align_corners=False)`` is
+    ``mode="linear"`` with ``"half_pixel"``; ``align_corners=True`` is
+    ``"align_corners"``; PyTorch ``"nearest"`` is ``"asymmetric"`` with
+    ``nearest_mode="floor"``; ``"nearest-exact"`` is ``"half_pixel"`` with
+    ``"round_prefer_ceil"``. TensorFlow's ``half_pixel_centers=True`` bilinear is
+    ``"half_pixel"``. ``jax.image.resize(..., "linear")`` equals ``"half_pixel"``
+    linear when every axis grows (it antialiases when shrinking; ``resize`` does
+    not).
+
+    Args:
+      x: array of rank >= 1; floating, or integer or bool for ``mode="nearest"``.
+      output_shape: the output's shape, one positive length per axis.
+      scales: one positive, finite scale per axis (ONNX's ``scales`` input).
+      mode: ``"nearest"`` or ``"linear"``.
+      coordinate_transformation_mode: one of the six above.
+      nearest_mode: ``"round_prefer_floor"`` (ONNX's default),
+        ``"round_prefer_ceil"``, ``"floor"`` or ``"ceil"``.
+
+    Returns:
+      The resized array, with the dtype of ``x``.
+
+    Raises:
+      TypeError: ``x`` is not an array, or its dtype does not suit ``mode``.
+      ValueError: both or neither of ``output_shape`` and ``scales``; a length or
+        scale that is not positive; a per-axis argument of the wrong length; an
+        unknown mode; an output length of 0.
+
+    Examples:
+      PyTorch's ``F.interpolate(x, scale_factor=2, mode="linear")``:
+
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> x = jnp.array([0.0, 1.0, 4.0], dtype=jnp.float32)
+      >>> jaxgrad.resize(x, (6,), mode="linear")
+      Array([0.  , 0.25, 0.75, 1.75, 3.25, 4.  ], dtype=float32)
+
+    References:
+      ONNX ``Resize`` (opset 19); DirectML ``DML_RESAMPLE2_OPERATOR_DESC``.
+    """
+    op = "resize"
+    x = _checks.as_array(op, "x", x)
+    _resample.check_rank(op, "x", x)
+    mode = _checks.choice(op, "mode", mode, _resample.MODES)
+    ctm = _checks.choice(
+        op,
+        "coordinate_transformation_mode",
+        coordinate_transformation_mode,
+        COORDINATE_TRANSFORMATION_MODES,
+    )
+    nearest = _checks.choice(op, "nearest_mode", nearest_mode, NEAREST_MODES)
+    _resample.check_dtype(op, "x", x, allow_integers=mode == "nearest")
+    if (output_shape is None) == (scales is None):
+        raise ValueError(
+            f"{op}: give exactly one of output_shape and scales, got "
+            f"{'both' if output_shape is not None else 'neither'}"
+        )
+    if scales is None:
+        out_shape = _resample.positive_shape(op, "output_shape", output_shape, x.ndim)
+        scales_ = tuple(m / n for m, n in zip(out_shape, x.shape, strict=True))
+    else:
+        scales_ = _resample.positive_scales(op, scales, x.ndim)
+        out_shape = tuple(math.floor(n * s) for n, s in zip(x.shape, scales_, strict=True))
+        if 0 in out_shape:
+            raise ValueError(
+                f"{op}: floor(x.shape * scales) = {out_shape} has a zero length "
+                f"(x.shape {x.shape}, scales {scales_})"
+            )
+    # ONNX's round_prefer_floor is ceil(u - 0.5): ties go down (SPEC §2.7).
+    rounding, shift = {
+        "round_prefer_floor": ("up", 0.5),
+        "round_prefer_ceil": ("half_up", 0.0),
+        "floor": ("down", 0.0),
+        "ceil": ("up", 0.0),
+    }[nearest]
+    if mode == "linear":
+        shift = 0.0
+    axes = tuple(
+        _resample.Axis(
+            n_in,
+            tuple((_onnx_coordinates(ctm, n_in, n_out, s) - shift).tolist()),
+            mode == "linear",
+            rounding,
+        )
+        for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
+    )
+    return _resample.resample_core(x, axes, False)
+
+
+def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
+    """Input coordinate of every output index, in ONNX's reference expression order."""
+    o = np.arange(n_out, dtype=np.float64)
+    length = scale * n_in  # L, the unrounded output length
+    if ctm == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if ctm == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if length != 1 else np.zeros(n_out)
+    if ctm == "align_corners":
+        return o * (n_in - 1) / (length - 1) if length != 1 else np.zeros(n_out)
+    if ctm == "asymmetric":
+        return o / scale
+    if ctm == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    # half_pixel_symmetric
+    adjustment = n_out / length
+    offset = n_in / 2 * (1 - adjustment)
+    return offset + (o + 0.5) / scale - 0.5

@@ -1,0 +1,477 @@
+"""resample and resample_grad against SPEC §2: a loop reference, a scatter-add oracle,
+the seeds' examples, adjoint identity, gradients, determinism and errors."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import FLOAT_DTYPES, TOLERANCE, transformed
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+import jaxgrad
+
+# ----------------------------------------------------------------------------------
+# References, written from SPEC §2 literally (loops in float64), not from the code.
+# ----------------------------------------------------------------------------------
+
+
+def axis_taps(n_in, n_out, s, a, b, mode, rounding):
+    """For each output index o, the list of (input index, weight) pairs (SPEC §2.1-2.3)."""
+    taps = []
+    for o in range(n_out):
+        u = (o - b) / s - a
+        if mode == "nearest":
+            r = {"half_up": math.floor(u + 0.5), "down": math.floor(u), "up": math.ceil(u)}
+            taps.append([(min(max(r[rounding], 0), n_in - 1), 1.0)])
+        else:
+            i0 = math.floor(u)
+            t = u - i0
+            taps.append([(min(max(i0, 0), n_in - 1), 1.0 - t), (min(max(i0 + 1, 0), n_in - 1), t)])
+    return taps
+
+
+def all_taps(in_shape, out_shape, scales, a, b, mode, rounding):
+    return [
+        axis_taps(n, m, s, ai, bi, mode, rounding)
+        for n, m, s, ai, bi in zip(in_shape, out_shape, scales, a, b, strict=True)
+    ]
+
+
+def reference_resample(x, out_shape, scales, a, b, mode, rounding):
+    x = np.asarray(x, np.float64)
+    taps = all_taps(x.shape, out_shape, scales, a, b, mode, rounding)
+    out = np.zeros(out_shape)
+    for o in np.ndindex(*out_shape):
+        for combo in itertools.product(*(taps[d][o[d]] for d in range(x.ndim))):
+            index = tuple(i for i, _ in combo)
+            weight = math.prod(w for _, w in combo)
+            if weight != 0:
+                out[o] += weight * x[index]
+    return out
+
+
+def reference_resample_grad(dy, in_shape, scales, a, b, mode, rounding):
+    """dx[i] = sum over o of w(o, i) * dy[o]: a literal scatter-add loop."""
+    dy = np.asarray(dy, np.float64)
+    taps = all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)
+    dx = np.zeros(in_shape)
+    for o in np.ndindex(*dy.shape):
+        for combo in itertools.product(*(taps[d][o[d]] for d in range(dy.ndim))):
+            weight = math.prod(w for _, w in combo)
+            if weight != 0:
+                dx[tuple(i for i, _ in combo)] += weight * dy[o]
+    return dx
+
+
+def scatter_add_oracle(dy, in_shape, scales, a, b, mode, rounding):
+    """The gradient as XLA scatter-adds, one axis at a time (what jaxgrad avoids)."""
+    out = jnp.asarray(dy, jnp.float64)
+    for d, taps in enumerate(all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)):
+        moved = jnp.moveaxis(out, d, 0)
+        acc = jnp.zeros((in_shape[d], *moved.shape[1:]), jnp.float64)
+        for k in range(max(len(t) for t in taps)):
+            idx = np.array([t[k][0] for t in taps])
+            w = np.array([t[k][1] for t in taps]).reshape((-1,) + (1,) * (moved.ndim - 1))
+            acc = acc.at[idx].add(w * moved)
+        out = jnp.moveaxis(acc, 0, d)
+    return out
+
+
+def per_axis(value, rank):
+    return (value,) * rank if np.isscalar(value) else tuple(value)
+
+
+# ----------------------------------------------------------------------------------
+# The seeds' example (SPEC §2.6)
+# ----------------------------------------------------------------------------------
+
+SEED_X = np.array([[[[1, 2], [3, 4]]]], np.float32)
+SEED_SCALES = (1, 1, 0.5, 1.5)
+SEED_DY = np.array([[[[4, 5, 6]]]], np.float32)
+SEED_FORMS = [
+    dict(rounding="down"),  # RESAMPLE2 / RESAMPLE_GRAD1, decreasing direction
+    dict(rounding="half_up", input_pixel_offsets=0.5, output_pixel_offsets=0),  # RESAMPLE_GRAD
+]
+
+
+@pytest.mark.parametrize("form", SEED_FORMS)
+def test_seed_example(form, transform):
+    fwd = transformed(lambda x: jaxgrad.resample(x, SEED_SCALES, **form), transform)
+    np.testing.assert_array_equal(fwd(jnp.asarray(SEED_X)), [[[[1, 1, 2]]]])
+    bwd = transformed(
+        lambda dy: jaxgrad.resample_grad(dy, (1, 1, 2, 2), SEED_SCALES, **form), transform
+    )
+    np.testing.assert_array_equal(bwd(jnp.asarray(SEED_DY)), [[[[9, 6], [0, 0]]]])
+    # And the custom VJP of resample gives the same.
+    vjp = jax.vjp(lambda x: jaxgrad.resample(x, SEED_SCALES, **form), jnp.asarray(SEED_X))[1]
+    np.testing.assert_array_equal(vjp(jnp.asarray(SEED_DY))[0], [[[[9, 6], [0, 0]]]])
+
+
+def test_half_up_equals_down_with_shifted_offset():
+    # SPEC §2.2: "half_up" with offset a equals "down" with offset a - 0.5.
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 7)))
+    for a in (0.5, 0.0, -0.3, 0.8):
+        up = jaxgrad.resample(x, (1.7, 0.6), input_pixel_offsets=a)
+        down = jaxgrad.resample(x, (1.7, 0.6), rounding="down", input_pixel_offsets=a - 0.5)
+        np.testing.assert_array_equal(up, down)
+
+
+# ----------------------------------------------------------------------------------
+# Random configurations against the references
+# ----------------------------------------------------------------------------------
+
+
+@st.composite
+def configs(draw, max_elements=400):
+    rank = draw(st.integers(1, 5))
+    in_shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    scales = tuple(draw(st.lists(st.floats(0.2, 5.0), min_size=rank, max_size=rank)))
+    offset = st.floats(-1.0, 1.0)
+    a = draw(st.one_of(offset, st.lists(offset, min_size=rank, max_size=rank)))
+    b = draw(st.one_of(offset, st.lists(offset, min_size=rank, max_size=rank)))
+    mode = draw(st.sampled_from(["nearest", "linear"]))
+    rounding = draw(st.sampled_from(["half_up", "down", "up"]))
+    default = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+    if 0 in default or draw(st.booleans()):  # output shapes that disagree with the scale
+        out_shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    else:
+        out_shape = default
+    if math.prod(in_shape) > max_elements or math.prod(out_shape) > max_elements:
+        in_shape = tuple(min(n, 3) for n in in_shape)
+        out_shape = tuple(min(n, 3) for n in out_shape)
+    return dict(
+        in_shape=in_shape,
+        out_shape=out_shape,
+        scales=scales,
+        a=a,
+        b=b,
+        mode=mode,
+        rounding=rounding,
+    )
+
+
+def kwargs(c):
+    return dict(
+        mode=c["mode"],
+        rounding=c["rounding"],
+        input_pixel_offsets=c["a"],
+        output_pixel_offsets=c["b"],
+    )
+
+
+def ref_args(c):
+    rank = len(c["in_shape"])
+    return c["scales"], per_axis(c["a"], rank), per_axis(c["b"], rank), c["mode"], c["rounding"]
+
+
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_forward_and_gradient_match_reference(c, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=c["in_shape"])
+    dy = rng.normal(size=c["out_shape"])
+    out = jaxgrad.resample(jnp.asarray(x), c["scales"], output_shape=c["out_shape"], **kwargs(c))
+    np.testing.assert_allclose(
+        out, reference_resample(x, c["out_shape"], *ref_args(c)), rtol=1e-12, atol=1e-12
+    )
+    dx = jaxgrad.resample_grad(jnp.asarray(dy), c["in_shape"], c["scales"], **kwargs(c))
+    expected = reference_resample_grad(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, expected, rtol=1e-12, atol=1e-12)
+    oracle = scatter_add_oracle(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
+
+
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_adjoint_identity(c, seed):
+    # <A x, y> == <x, A^T y>, the defining property of the gradient.
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=c["in_shape"]))
+    y = jnp.asarray(rng.normal(size=c["out_shape"]))
+    ax = jaxgrad.resample(x, c["scales"], output_shape=c["out_shape"], **kwargs(c))
+    aty = jaxgrad.resample_grad(y, c["in_shape"], c["scales"], **kwargs(c))
+    np.testing.assert_allclose(jnp.vdot(ax, y), jnp.vdot(x, aty), rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------
+# Dtypes, transforms, gradients
+# ----------------------------------------------------------------------------------
+
+CASES = [
+    # (in_shape, scales, output_shape, mode, rounding)
+    ((2, 3, 8, 8), (1, 1, 2, 2), None, "linear", "half_up"),
+    ((2, 3, 8, 8), (1, 1, 0.5, 0.5), None, "linear", "half_up"),
+    ((2, 3, 8, 8), (1, 1, 2, 2), None, "nearest", "half_up"),
+    ((2, 3, 8, 8), (1, 1, 0.5, 0.5), None, "nearest", "down"),
+    ((4, 6, 5), (0.5, 1.3, 3.0), (3, 7, 11), "linear", "half_up"),
+    ((7,), (1.6,), None, "nearest", "up"),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_dtypes_and_transforms(case, dtype, transform):
+    in_shape, scales, out_shape, mode, rounding = case
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=in_shape)
+    fwd = transformed(
+        lambda x: jaxgrad.resample(x, scales, mode=mode, rounding=rounding, output_shape=out_shape),
+        transform,
+    )
+    out = fwd(jnp.asarray(x, dtype))
+    assert out.dtype == dtype
+    shape = out.shape
+    expected = reference_resample(
+        np.asarray(jnp.asarray(x, dtype), np.float64),
+        shape,
+        scales,
+        (0.5,) * len(in_shape),
+        (-0.5,) * len(in_shape),
+        mode,
+        rounding,
+    )
+    tol = TOLERANCE[np.dtype(dtype)]
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, rtol=tol, atol=tol)
+
+    dy = rng.normal(size=shape)
+    bwd = transformed(
+        lambda dy: jaxgrad.resample_grad(dy, in_shape, scales, mode=mode, rounding=rounding),
+        transform,
+    )
+    dx = bwd(jnp.asarray(dy, dtype))
+    assert dx.dtype == dtype and dx.shape == in_shape
+    expected = reference_resample_grad(
+        np.asarray(jnp.asarray(dy, dtype), np.float64),
+        in_shape,
+        scales,
+        (0.5,) * len(in_shape),
+        (-0.5,) * len(in_shape),
+        mode,
+        rounding,
+    )
+    # Sums of several terms: the tolerance is relative to the largest magnitude.
+    np.testing.assert_allclose(
+        np.asarray(dx, np.float64), expected, rtol=tol, atol=tol * np.abs(expected).max()
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_accumulates_in_float32(dtype):
+    # 2x linear backward of 0.5x: each dx sums many terms. Rounding each partial sum
+    # to half precision would drift; accumulating in float32 and rounding once gives
+    # exactly the float32 result rounded.
+    rng = np.random.default_rng(2)
+    dy = jnp.asarray(rng.normal(size=(64, 64)), dtype)
+    half = jaxgrad.resample_grad(dy, (16, 16), (4, 4), mode="linear")
+    full = jaxgrad.resample_grad(dy.astype(jnp.float32), (16, 16), (4, 4), mode="linear")
+    np.testing.assert_array_equal(np.asarray(half), np.asarray(full.astype(dtype)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int32, jnp.bool_])
+def test_nearest_accepts_integers_and_bool(dtype):
+    x = np.arange(12).reshape(3, 4) % 5
+    out = jaxgrad.resample(jnp.asarray(x, dtype), (2, 0.5))
+    assert out.dtype == dtype
+    expected = reference_resample(
+        x.astype(dtype).astype(np.float64),
+        (6, 2),
+        (2, 0.5),
+        (0.5, 0.5),
+        (-0.5, -0.5),
+        "nearest",
+        "half_up",
+    )
+    np.testing.assert_array_equal(np.asarray(out, np.float64), expected)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_check_grads(case):
+    in_shape, scales, out_shape, mode, rounding = case
+    x = jnp.asarray(np.random.default_rng(3).normal(size=in_shape))
+    kw = dict(mode=mode, rounding=rounding)
+    f = lambda x: jaxgrad.resample(x, scales, output_shape=out_shape, **kw)  # noqa: E731
+    check_grads(f, (x,), order=2, modes=["rev"])
+    dy = jnp.asarray(np.random.default_rng(4).normal(size=f(x).shape))
+    check_grads(
+        lambda dy: jaxgrad.resample_grad(dy, in_shape, scales, **kw), (dy,), order=2, modes=["rev"]
+    )
+
+
+def test_vjp_of_resample_grad_is_resample():
+    # SPEC §0: resample_grad's VJP is resample(c, ..., output_shape=dy.shape).
+    rng = np.random.default_rng(5)
+    dy = jnp.asarray(rng.normal(size=(9, 5)))
+    c = jnp.asarray(rng.normal(size=(4, 6)))
+    kw = dict(mode="linear", input_pixel_offsets=0.2, output_pixel_offsets=(0.1, -0.7))
+    vjp = jax.vjp(lambda dy: jaxgrad.resample_grad(dy, (4, 6), (2.3, 0.8), **kw), dy)[1]
+    expected = jaxgrad.resample(c, (2.3, 0.8), output_shape=(9, 5), **kw)
+    np.testing.assert_array_equal(vjp(c)[0], expected)
+
+
+def test_grad_of_grad_through_a_model():
+    # A second derivative through resample: f(x) = sum(resample(x)^3).
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(3, 4)))
+    f = lambda x: (jaxgrad.resample(x, (2, 1.5), mode="linear") ** 3).sum()  # noqa: E731
+    hvp = jax.grad(lambda x: jnp.vdot(jax.grad(f)(x), jnp.ones_like(x)))(x)
+    a = jax.jacrev(lambda x: jaxgrad.resample(x, (2, 1.5), mode="linear"))(x).reshape(-1, 12)
+    y = a @ x.reshape(-1)
+    expected = a.T @ (6 * y * (a @ np.ones(12)))
+    np.testing.assert_allclose(hvp.reshape(-1), expected, rtol=1e-10)
+
+
+def test_identity_axes_cost_nothing():
+    x = jnp.ones((2, 3, 8, 8), jnp.float32)
+    f = lambda x: jaxgrad.resample(x, (1, 1, 2, 1), mode="linear")  # noqa: E731
+    hlo = jax.jit(f).lower(x).as_text()
+    assert hlo.count("gather") == 2  # two taps along the one resampled axis, nothing else
+    np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1, 1, 1), mode="linear"), x)
+
+
+def test_zero_weight_taps_are_not_read():
+    # Sampling exactly on input pixels: the second linear tap has weight 0, so an inf
+    # beside it must not turn into NaN (0 * inf).
+    x = jnp.array([1.0, np.inf, 3.0])
+    out = jaxgrad.resample(x, (1.0,), mode="linear", input_pixel_offsets=0, output_pixel_offsets=0)
+    np.testing.assert_array_equal(out, x)
+    dx = jaxgrad.resample_grad(
+        jnp.array([np.inf, 1.0]),
+        (4,),
+        (0.5,),
+        mode="linear",
+        input_pixel_offsets=0,
+        output_pixel_offsets=0,
+    )
+    np.testing.assert_array_equal(dx, [np.inf, 0, 1, 0])
+
+
+def test_deterministic():
+    rng = np.random.default_rng(7)
+    dy = jnp.asarray(rng.normal(size=(4, 8, 64, 64)), jnp.float32)
+    f = jax.jit(
+        lambda dy: jaxgrad.resample_grad(dy, (4, 8, 29, 37), (1, 1, 2.2, 1.7), mode="linear")
+    )
+    first = np.asarray(f(dy)).tobytes()
+    for _ in range(5):
+        assert np.asarray(f(dy)).tobytes() == first
+
+
+def test_no_scatter_in_the_gradient():
+    x = jnp.ones((2, 3, 16, 16), jnp.float32)
+    grad = jax.jit(jax.grad(lambda x: jaxgrad.resample(x, (1, 1, 2, 2), mode="linear").sum()))
+    assert "scatter" not in grad.lower(x).as_text()
+
+
+def test_forward_mode_raises():
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(lambda x: jaxgrad.resample(x, (2.0,)), (jnp.ones(3),), (jnp.ones(3),))
+
+
+# ----------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------
+
+X = jnp.ones((2, 3))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: jaxgrad.resample(X, (2.0,)),
+            ValueError,
+            r"resample: scales must have one entry per axis of the input \(2\), got 1",
+        ),
+        (lambda: jaxgrad.resample(X, 2.0), TypeError, "resample: scales must have one entry"),
+        (lambda: jaxgrad.resample(X, (2.0, 0.0)), ValueError, "resample: scales must be positive"),
+        (lambda: jaxgrad.resample(X, (2.0, -1.0)), ValueError, "scales must be positive"),
+        (lambda: jaxgrad.resample(X, (2.0, np.nan)), ValueError, "resample: scales must be finite"),
+        (lambda: jaxgrad.resample(X, (np.inf, 1.0)), ValueError, "scales must be finite"),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), input_pixel_offsets=(0.5,)),
+            ValueError,
+            r"resample: input_pixel_offsets must have one entry per axis of the input \(2\), got 1",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), output_pixel_offsets=np.nan),
+            ValueError,
+            "resample: output_pixel_offsets must be finite",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), mode="cubic"),
+            ValueError,
+            "resample: mode must be one of 'nearest', 'linear', got 'cubic'",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), rounding="nearest"),
+            ValueError,
+            "resample: rounding must be one of 'half_up', 'down', 'up', got 'nearest'",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), output_shape=(4,)),
+            ValueError,
+            r"resample: output_shape must have one entry per axis \(2\), got 1",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 2), output_shape=(4, 0)),
+            ValueError,
+            r"resample: output_shape must be positive, got \(4, 0\)",
+        ),
+        (
+            lambda: jaxgrad.resample(X, (2, 0.3)),
+            ValueError,
+            r"resample: the default output shape .* = \(4, 0\) has a zero length",
+        ),
+        (
+            lambda: jaxgrad.resample(jnp.ones(()), ()),
+            ValueError,
+            "resample: x must have rank >= 1, got a 0-d array",
+        ),
+        (
+            lambda: jaxgrad.resample(jnp.ones(3, jnp.int32), (2,), mode="linear"),
+            TypeError,
+            "resample: x must have a floating dtype for this mode, got int32",
+        ),
+        (
+            lambda: jaxgrad.resample(jnp.ones(3, jnp.complex64), (2,)),
+            TypeError,
+            "resample: x must have a floating, integer or bool dtype for this mode, got complex64",
+        ),
+        (lambda: jaxgrad.resample([1.0, 2.0], (2,)), TypeError, "resample: x must be an array"),
+        (
+            lambda: jaxgrad.resample_grad(X, (2, 3, 1), (1, 1)),
+            ValueError,
+            r"resample_grad: input_shape must have one entry per axis \(2\), got 3",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(X, (2, -3), (1, 1)),
+            ValueError,
+            r"resample_grad: input_shape must be positive, got \(2, -3\)",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(X, (2, 3), (1, 1, 1)),
+            ValueError,
+            r"resample_grad: scales must have one entry per axis of the input \(2\), got 3",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(jnp.ones(3, jnp.int32), (3,), (1,)),
+            TypeError,
+            "resample_grad: dy must have a floating dtype for this mode, got int32",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(X, (2, 3), (1, 1), mode="area"),
+            ValueError,
+            "resample_grad: mode must be one of 'nearest', 'linear', got 'area'",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(X, "ab", (1, 1)),
+            TypeError,
+            "resample_grad: input_shape must be a sequence of ints",
+        ),
+    ],
+)
+def test_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -1,0 +1,238 @@
+"""resize against SPEC §2.7: an ONNX-style reference, PyTorch's and jax.image's results."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import transformed
+from hypothesis import given
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+import jaxgrad
+
+CTMS = [
+    "half_pixel",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_half_pixel_for_nn",
+    "half_pixel_symmetric",
+]
+NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+
+
+def onnx_coordinate(ctm, o, n_in, n_out, scale):
+    """ONNX Resize's original coordinate of output index o, as its reference evaluator."""
+    length = scale * n_in
+    if ctm == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if ctm == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if length != 1 else 0.0
+    if ctm == "align_corners":
+        return o * (n_in - 1) / (length - 1) if length != 1 else 0.0
+    if ctm == "asymmetric":
+        return o / scale
+    if ctm == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    adjustment = n_out / length
+    center = n_in / 2
+    offset = center * (1 - adjustment)
+    return offset + (o + 0.5) / scale - 0.5
+
+
+def onnx_axis_weights(ctm, mode, nearest_mode, n_in, n_out, scale):
+    """Dense n_out x n_in weights: neighbours floor(u), floor(u) + 1 (edge-padded), as ONNX."""
+    w = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        u = onnx_coordinate(ctm, o, n_in, n_out, scale)
+        lo = math.floor(u)
+        ratio = u - lo
+        if mode == "linear":
+            coeffs = [1 - ratio, ratio]
+        elif ratio == 0:
+            coeffs = [1.0, 0.0]
+        else:
+            up = {
+                "round_prefer_floor": ratio > 0.5,
+                "round_prefer_ceil": ratio >= 0.5,
+                "floor": False,
+                "ceil": True,
+            }[nearest_mode]
+            coeffs = [0.0, 1.0] if up else [1.0, 0.0]
+        for i, c in zip((lo, lo + 1), coeffs, strict=True):
+            w[o, min(max(i, 0), n_in - 1)] += c
+    return w
+
+
+def onnx_resize(x, out_shape, scales, ctm, mode, nearest_mode):
+    out = np.asarray(x, np.float64)
+    for d, (n_out, s) in enumerate(zip(out_shape, scales, strict=True)):
+        w = onnx_axis_weights(ctm, mode, nearest_mode, out.shape[d], n_out, s)
+        out = np.moveaxis(np.tensordot(w, np.moveaxis(out, d, 0), axes=1), 0, d)
+    return out
+
+
+@given(
+    st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    st.data(),
+    st.sampled_from(CTMS),
+    st.sampled_from(["nearest", "linear"]),
+    st.sampled_from(NEAREST_MODES),
+    st.booleans(),
+)
+def test_matches_onnx_reference(in_shape, data, ctm, mode, nearest_mode, use_scales):
+    rank = len(in_shape)
+    x = np.random.default_rng(sum(in_shape)).normal(size=in_shape)
+    kw = dict(mode=mode, coordinate_transformation_mode=ctm, nearest_mode=nearest_mode)
+    if use_scales:
+        # Scales that are exact binary fractions make exact ties, the hard case.
+        pick = st.sampled_from([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 0.6, 1.7])
+        scales = tuple(data.draw(st.lists(pick, min_size=rank, max_size=rank)))
+        out_shape = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+        if 0 in out_shape:
+            return
+        got = jaxgrad.resize(jnp.asarray(x), scales=scales, **kw)
+    else:
+        out_shape = tuple(data.draw(st.lists(st.integers(1, 12), min_size=rank, max_size=rank)))
+        scales = tuple(m / n for m, n in zip(out_shape, in_shape, strict=True))
+        got = jaxgrad.resize(jnp.asarray(x), out_shape, **kw)
+    expected = onnx_resize(x, out_shape, scales, ctm, mode, nearest_mode)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+X5 = np.arange(1.0, 6.0) ** 2  # [1, 4, 9, 16, 25]
+
+# Outputs of torch.nn.functional.interpolate (PyTorch 2.13, float64) on X5[None, None].
+PYTORCH = [
+    (8, dict(mode="linear"), [1.0, 2.3125, 4.3125, 7.4375, 11.1875, 15.5625, 21.0625, 25.0]),
+    (3, dict(mode="linear"), [2.0, 9.0, 22.000000000000004]),
+    (
+        8,
+        dict(mode="linear", coordinate_transformation_mode="align_corners"),
+        [
+            1.0,
+            2.7142857142857144,
+            4.7142857142857135,
+            7.571428571428571,
+            11.0,
+            14.999999999999996,
+            19.857142857142854,
+            25.0,
+        ],
+    ),
+    (2, dict(mode="linear", coordinate_transformation_mode="align_corners"), [1.0, 25.0]),
+    (
+        8,
+        dict(coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        [1.0, 1.0, 4.0, 4.0, 9.0, 16.0, 16.0, 25.0],
+    ),
+    (3, dict(coordinate_transformation_mode="asymmetric", nearest_mode="floor"), [1.0, 4.0, 16.0]),
+    (8, dict(nearest_mode="round_prefer_ceil"), [1.0, 1.0, 4.0, 9.0, 9.0, 16.0, 25.0, 25.0]),
+    (3, dict(nearest_mode="round_prefer_ceil"), [1.0, 9.0, 25.0]),
+]
+
+
+@pytest.mark.parametrize(("size", "kw", "expected"), PYTORCH)
+def test_pytorch_interpolate_ports(size, kw, expected, transform):
+    f = transformed(lambda x: jaxgrad.resize(x, (size,), **kw), transform)
+    np.testing.assert_allclose(f(jnp.asarray(X5)), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("out_shape", [(3, 9, 12), (5, 16, 7)])
+def test_jax_image_resize_linear_when_growing(out_shape):
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4, 5)))
+    expected = jax.image.resize(x, out_shape, "linear")
+    np.testing.assert_allclose(jaxgrad.resize(x, out_shape, mode="linear"), expected, rtol=1e-12)
+
+
+def test_tensorflow_half_pixel_centers_bilinear():
+    # tf.image.resize(..., "bilinear") with half_pixel_centers=True on [[0, 1], [2, 3]]
+    # to 4x4: the half-pixel grid, edges clamped.
+    x = jnp.array([[0.0, 1.0], [2.0, 3.0]])
+    row = np.array([0.0, 0.25, 0.75, 1.0])
+    expected = row[None, :] + 2 * row[:, None]
+    np.testing.assert_allclose(jaxgrad.resize(x, (4, 4), mode="linear"), expected)
+
+
+def test_gradient_is_resample_grad_and_check_grads():
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 5)))
+    def f(x):
+        return jaxgrad.resize(
+            x,
+            (7, 3),
+            mode="linear",
+            coordinate_transformation_mode="align_corners",
+        )
+    check_grads(f, (x,), order=2, modes=["rev"])
+    g = jnp.asarray(np.random.default_rng(2).normal(size=(7, 3)))
+    dx = jax.vjp(f, x)[1](g)[0]
+    expected = jaxgrad.resample_grad(
+        g, (4, 5), (2 / 1, 2 / 4), mode="linear", input_pixel_offsets=0, output_pixel_offsets=0
+    )
+    np.testing.assert_allclose(dx, expected, rtol=1e-12)
+
+
+def test_integer_nearest():
+    x = jnp.arange(6, dtype=jnp.uint8).reshape(2, 3)
+    out = jaxgrad.resize(x, (4, 6))
+    assert out.dtype == jnp.uint8
+    np.testing.assert_array_equal(out, np.repeat(np.repeat(np.asarray(x), 2, 0), 2, 1))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2))),
+            ValueError,
+            "resize: give exactly one of output_shape and scales, got neither",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), (4, 4), scales=(2, 2)),
+            ValueError,
+            "resize: give exactly one of output_shape and scales, got both",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), (4,)),
+            ValueError,
+            r"resize: output_shape must have one entry per axis \(2\), got 1",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), scales=(2, 0)),
+            ValueError,
+            "resize: scales must be positive",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), scales=(2, 0.2)),
+            ValueError,
+            r"resize: floor\(x.shape \* scales\) = \(4, 0\) has a zero length",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), (4, 4), coordinate_transformation_mode="tf"),
+            ValueError,
+            "resize: coordinate_transformation_mode must be one of 'half_pixel', ",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), (4, 4), nearest_mode="round"),
+            ValueError,
+            "resize: nearest_mode must be one of 'round_prefer_floor', 'round_prefer_ceil', "
+            "'floor', 'ceil', got 'round'",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((2, 2)), (4, 4), mode="cubic"),
+            ValueError,
+            "resize: mode must be one of 'nearest', 'linear', got 'cubic'",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones(2, jnp.int32), (4,), mode="linear"),
+            TypeError,
+            "resize: x must have a floating dtype for this mode, got int32",
+        ),
+    ],
+)
+def test_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
