@@ -24,8 +24,36 @@ def relu_examples() -> None:
     show("jax.jit(jax.grad(sum(relu(x)^2)))", loss(x))
 
 
+def resample_examples() -> None:
+    # DirectML RESAMPLE_GRAD1's example: nearest, height x0.5, width x1.5, rounding down.
+    x = jnp.array([[[[1, 2], [3, 4]]]], jnp.float32)
+    scales = (1, 1, 0.5, 1.5)
+    show(
+        "resample(x, (1, 1, 0.5, 1.5), rounding='down')",
+        jaxgrad.resample(x, scales, rounding="down"),
+    )
+    dy = jnp.array([[[[4, 5, 6]]]], jnp.float32)
+    dx = jaxgrad.resample_grad(dy, x.shape, scales, rounding="down")
+    show("resample_grad(dy=[4, 5, 6]), DirectML's RESAMPLE_GRAD1", dx)
+    # The RESAMPLE_GRAD form of the same example: half_up with output offset 0.
+    dx = jaxgrad.resample_grad(dy, x.shape, scales, input_pixel_offsets=0.5, output_pixel_offsets=0)
+    show("resample_grad, DirectML's RESAMPLE_GRAD form", dx)
+
+    # And the same gradient from jax.grad through the forward op.
+    def loss(x):
+        return jnp.vdot(jaxgrad.resample(x, scales, rounding="down"), dy)
+
+    show("jax.grad through resample", jax.jit(jax.grad(loss))(x))
+    # PyTorch's F.interpolate(x, size=6, mode="linear", align_corners=False):
+    show(
+        "resize([0, 1, 4], (6,), mode='linear')",
+        jaxgrad.resize(jnp.array([0.0, 1.0, 4.0]), (6,), mode="linear"),
+    )
+
+
 def main() -> None:
     relu_examples()
+    resample_examples()
 
 
 if __name__ == "__main__":

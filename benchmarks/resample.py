@@ -1,0 +1,105 @@
+"""resample forward and backward against the roofline, jax.image.resize and PyTorch.
+
+    python benchmarks/resample.py [--dtypes float32 bfloat16] [--repeats 9]
+
+[8, 32, 128, 128] NCHW, half-pixel, linear and nearest, spatial scale 2 and 0.5.
+Forward: y = resample(x). Backward: dx = resample_grad(dy) (what jax.grad runs).
+The roofline moves the same bytes as the op: read x and write y for the forward,
+read dy and write dx for the backward. PyTorch (CPU, F.interpolate) is timed when
+installed, with the same number of threads as XLA.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _harness import Table, finish, median_ms, nbytes, parser, roofline, torch_or_none
+
+import jaxgrad
+
+SHAPE = (8, 32, 128, 128)
+PEERS = ["jax.image.resize", "torch"]
+
+
+def jaxgrad_fns(mode, scale):
+    scales = (1, 1, scale, scale)
+    fwd = jax.jit(lambda x: jaxgrad.resample(x, scales, mode=mode))
+    bwd = jax.jit(lambda dy: jaxgrad.resample_grad(dy, SHAPE, scales, mode=mode))
+    return fwd, bwd
+
+
+def jax_image_fns(mode, out_shape):
+    method = "linear" if mode == "linear" else "nearest"
+
+    def f(x):
+        return jax.image.resize(x, out_shape, method)
+
+    fwd = jax.jit(f)
+    bwd = jax.jit(lambda x, dy: jax.vjp(f, x)[1](dy)[0])
+    return fwd, bwd
+
+
+def torch_times(torch, mode, scale, x_np, dy_np, dtype_name, repeats):
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    kw = dict(scale_factor=scale, mode="bilinear" if mode == "linear" else "nearest-exact")
+    if mode == "linear":
+        kw["align_corners"] = False
+    x = torch.tensor(x_np).to(dtype)
+    dy = torch.tensor(dy_np).to(dtype)
+    F = torch.nn.functional
+    with torch.no_grad():
+        fwd = median_ms(lambda: F.interpolate(x, **kw), repeats=repeats)
+    xg = x.clone().requires_grad_(True)
+    y = F.interpolate(xg, **kw)
+    bwd = median_ms(lambda: torch.autograd.grad(y, xg, dy, retain_graph=True), repeats=repeats)
+    return fwd, bwd
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    args = p.parse_args()
+    torch = torch_or_none()
+    rng = np.random.default_rng(0)
+    table = Table(f"resample {list(SHAPE)}, half-pixel", PEERS)
+    for dtype_name in args.dtypes:
+        dtype = jnp.dtype(dtype_name)
+        for mode in ("linear", "nearest"):
+            for scale in (2, 0.5):
+                out_shape = (*SHAPE[:2], int(SHAPE[2] * scale), int(SHAPE[3] * scale))
+                x_np = rng.normal(size=SHAPE).astype(np.float32)
+                dy_np = rng.normal(size=out_shape).astype(np.float32)
+                x, dy = jnp.asarray(x_np, dtype), jnp.asarray(dy_np, dtype)
+                fwd, bwd = jaxgrad_fns(mode, scale)
+                # Both directions move |x| + |y| bytes; one roofline serves both.
+                copy, copy_args = roofline(nbytes(x, dy))
+                roof = median_ms(copy, *copy_args, repeats=args.repeats)
+                peer_fwd, peer_bwd = jax_image_fns(mode, out_shape)
+                times = {
+                    "fwd": (median_ms(fwd, x, repeats=args.repeats),
+                            median_ms(peer_fwd, x, repeats=args.repeats)),
+                    "bwd": (median_ms(bwd, dy, repeats=args.repeats),
+                            median_ms(peer_bwd, x, dy, repeats=args.repeats)),
+                }
+                torch_ms = (
+                    torch_times(torch, mode, scale, x_np, dy_np, dtype_name, args.repeats)
+                    if torch is not None
+                    else None
+                )
+                for j, direction in enumerate(("fwd", "bwd")):
+                    ours, image = times[direction]
+                    peers = {"jax.image.resize": image}
+                    if torch_ms is not None:
+                        peers["torch"] = torch_ms[j]
+                    case = f"{direction} {mode} x{scale} {dtype_name}"
+                    table.add(case, "roofline (copy)", roof, roof)
+                    table.add(case, "jax.image.resize", image, roof)
+                    if torch_ms is not None:
+                        table.add(case, "torch", torch_ms[j], roof)
+                    table.add(case, "jaxgrad", ours, roof, **peers)
+    finish(table, args.out)
+
+
+if __name__ == "__main__":
+    main()
