@@ -77,10 +77,14 @@ def main() -> None:
                 roof = median_ms(copy, *copy_args, repeats=args.repeats)
                 peer_fwd, peer_bwd = jax_image_fns(mode, out_shape)
                 times = {
-                    "fwd": (median_ms(fwd, x, repeats=args.repeats),
-                            median_ms(peer_fwd, x, repeats=args.repeats)),
-                    "bwd": (median_ms(bwd, dy, repeats=args.repeats),
-                            median_ms(peer_bwd, x, dy, repeats=args.repeats)),
+                    "fwd": (
+                        median_ms(fwd, x, repeats=args.repeats),
+                        median_ms(peer_fwd, x, repeats=args.repeats),
+                    ),
+                    "bwd": (
+                        median_ms(bwd, dy, repeats=args.repeats),
+                        median_ms(peer_bwd, x, dy, repeats=args.repeats),
+                    ),
                 }
                 torch_ms = (
                     torch_times(torch, mode, scale, x_np, dy_np, dtype_name, args.repeats)

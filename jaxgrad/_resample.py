@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.typing import ArrayLike
 
 from jaxgrad import _checks
@@ -322,6 +323,25 @@ def _taps(axis: Axis, transpose: bool) -> _Taps:
     return _by_rows(cols[order], rows[order], weights[order], axis.n_in, axis.n_out)
 
 
+def _gatherable(x: jax.Array) -> jax.Array:
+    """The array the first gathers read: bfloat16 as its raw 16-bit patterns.
+
+    XLA:CPU hoists a bfloat16 -> float32 convert above the gathers and materializes
+    the widened array, tripling the memory traffic (measured: 48 ms instead of 13 ms
+    for the 2x linear gradient of [8, 32, 256, 256]). Gathering the bits and widening
+    each gathered value with a shift (exact: a bfloat16 is the top half of a
+    float32) keeps the read at two bytes per element.
+    """
+    return lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
+
+
+def _widen(v: jax.Array, dtype: Any) -> jax.Array:
+    """Gathered values in the compute dtype (undoing ``_gatherable``)."""
+    if v.dtype == jnp.uint16:
+        return lax.bitcast_convert_type(v.astype(jnp.uint32) << 16, jnp.float32)
+    return v.astype(dtype)
+
+
 def _apply_taps(v: jax.Array, dim: int, taps: _Taps, dtype: Any) -> jax.Array:
     """Applies one axis's tap tables along ``dim``: a few gathers, weighted and summed.
 
@@ -332,7 +352,7 @@ def _apply_taps(v: jax.Array, dim: int, taps: _Taps, dtype: Any) -> jax.Array:
     bcast[dim] = rows
     terms = []
     for j in range(k):
-        term = jnp.take(v, taps.index[:, j], axis=dim, mode="clip").astype(dtype)
+        term = _widen(jnp.take(v, taps.index[:, j], axis=dim, mode="clip"), dtype)
         if not (taps.weights[:, j] == 1).all():
             term = term * jnp.asarray(taps.weights[:, j], dtype).reshape(bcast)
         if not taps.valid[:, j].all():
@@ -350,11 +370,15 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     tables = [(dim, taps) for dim, taps in tables if not taps.is_identity]
     # Shrinking axes first keeps the intermediate arrays small.
     tables.sort(key=lambda item: item[1].index.shape[0] / x.shape[item[0]])
-    # A pure gather (nearest forward) is exact in any dtype; anything that adds is
-    # done in float32 for half types and rounded once at the end.
-    gathers_only = all(taps.index.shape[1] == 1 and taps.weights.min() == 1 for _, taps in tables)
-    dtype = x.dtype if gathers_only else _checks.compute_dtype(x.dtype)
-    out = x
+    if all(taps.index.shape[1] == 1 and taps.weights.min() == 1 for _, taps in tables):
+        # A pure gather (nearest forward) is exact in any dtype, integers included.
+        out = x
+        for dim, taps in tables:
+            out = _apply_taps(out, dim, taps, x.dtype)
+        return out
+    # Anything that adds runs in float32 for half types and is rounded once.
+    dtype = _checks.compute_dtype(x.dtype)
+    out = _gatherable(x)
     for dim, taps in tables:
         out = _apply_taps(out, dim, taps, dtype)
     return out.astype(x.dtype)

@@ -159,6 +159,7 @@ def test_tensorflow_half_pixel_centers_bilinear():
 
 def test_gradient_is_resample_grad_and_check_grads():
     x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 5)))
+
     def f(x):
         return jaxgrad.resize(
             x,
@@ -166,6 +167,7 @@ def test_gradient_is_resample_grad_and_check_grads():
             mode="linear",
             coordinate_transformation_mode="align_corners",
         )
+
     check_grads(f, (x,), order=2, modes=["rev"])
     g = jnp.asarray(np.random.default_rng(2).normal(size=(7, 3)))
     dx = jax.vjp(f, x)[1](g)[0]
