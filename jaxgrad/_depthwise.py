@@ -1,0 +1,615 @@
+"""Depthwise conv2d and its two backprops: TensorFlow's DepthwiseConv2dNative,
+DepthwiseConv2dNativeBackpropInput and DepthwiseConv2dNativeBackpropFilter.
+
+All three are sums over the filter taps of shifted (strided, dilated) views: the
+forward multiplies each window of the input by one tap, the input gradient places
+each tap's product back with an interior-padded ``lax.pad`` (its adjoint), and the
+filter gradient multiplies each window by the output gradient and sums. They are
+bilinear, and each one's VJP is built from the other two, so the set is closed
+under ``jax.grad``. Sums run over the taps in a fixed order, in float32 for half
+types: deterministic, and no scatter anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.typing import ArrayLike
+
+from jaxgrad import _checks
+
+PADDINGS = ("SAME", "VALID", "EXPLICIT")
+DATA_FORMATS = ("NHWC", "NCHW")
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def depthwise_conv2d(
+    input: ArrayLike,
+    filter: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+) -> jax.Array:
+    """Depthwise 2-D convolution, with TensorFlow's two backprops as its gradient.
+
+    With filter ``[fh, fw, C, M]`` (``M`` the depth multiplier), output channel
+    ``k * M + q`` convolves input channel ``k`` with ``filter[:, :, k, q]``::
+
+      out[b, i, j, k*M + q] = sum over (di, dj) of
+          x[b, i*sh - top + di*dh, j*sw - left + dj*dw, k] * filter[di, dj, k, q]
+
+    reads outside the input being 0 (shown for NHWC). Per spatial axis with input
+    ``n``, filter ``k``, stride ``s``, dilation ``d`` and ``e = (k - 1) * d + 1``:
+    VALID gives ``floor((n - e + s) / s)`` outputs; SAME gives ``ceil(n / s)`` with
+    ``max(0, (out - 1) * s + e - n)`` padding, half before and the odd pixel
+    after; EXPLICIT gives ``floor((n + before + after - e + s) / s)``.
+
+    The backward pass is ``depthwise_conv2d_backprop_input`` and
+    ``depthwise_conv2d_backprop_filter``. A ``jax.custom_vjp`` function: reverse
+    mode works to any order, forward mode raises. float16 and bfloat16 accumulate
+    in float32 and round once.
+
+    Args:
+      input: 4-D ``[N, H, W, C]`` (NHWC) or ``[N, C, H, W]`` (NCHW), floating.
+      filter: ``[fh, fw, C, M]``, the dtype of ``input``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+
+    Returns:
+      ``[N, out_h, out_w, C * M]`` (NHWC) or ``[N, C * M, out_h, out_w]`` (NCHW),
+      the dtype of ``input``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: a rank is not 4; the channels of input and filter differ; an
+        output size is not positive; a bad padding, data_format, strides,
+        dilations or explicit_paddings.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> x = jnp.arange(16, dtype=jnp.float32).reshape(1, 4, 4, 1)
+      >>> f = jnp.ones((3, 3, 1, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d(x, f, (1, 1), "VALID")[0, :, :, 0]
+      Array([[45., 54.],
+             [81., 90.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNative``.
+    """
+    op = "depthwise_conv2d"
+    x = _checks.floating_array(op, "input", input)
+    f = _same_dtype(op, x, "filter", filter)
+    _check_rank(op, "input", x.shape)
+    _check_rank(op, "filter", f.shape)
+    conv = _configure(
+        op, x.shape, f.shape, strides, padding, data_format, dilations, explicit_paddings
+    )
+    return _conv(x, f, conv)
+
+
+def depthwise_conv2d_backprop_input(
+    input_sizes: Sequence[int],
+    filter: ArrayLike,
+    out_backprop: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+) -> jax.Array:
+    """The gradient of ``depthwise_conv2d`` with respect to its input.
+
+    The exact adjoint of the forward sum in ``x``: each output gradient flows back
+    through every tap to the input pixel that tap read, and contributions to
+    padding are dropped::
+
+      dx[b, p, r, k] = sum over (i, j, di, dj, q) with p = i*sh - top + di*dh and
+          r = j*sw - left + dj*dw of out_backprop[b, i, j, k*M + q] * filter[di, dj, k, q]
+
+    It is computed as a fixed-order sum over taps of interior-padded products (no
+    scatter), so it is bitwise reproducible. Differentiable: the VJP with respect
+    to ``filter`` is ``depthwise_conv2d_backprop_filter(c, filter.shape,
+    out_backprop)`` and with respect to ``out_backprop`` is
+    ``depthwise_conv2d(c, filter)``.
+
+    Args:
+      input_sizes: the forward input's shape, 4 non-negative ints in
+        ``data_format`` order.
+      filter: ``[fh, fw, C, M]``, floating.
+      out_backprop: the gradient of the forward output, ``[N, out_h, out_w, C*M]``
+        (NHWC) or ``[N, C*M, out_h, out_w]`` (NCHW), the dtype of ``filter``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+
+    Returns:
+      The gradient with respect to the input, shape ``input_sizes``, the dtype of
+      ``filter``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: as ``depthwise_conv2d``, and ``input_sizes`` that are not 4
+        non-negative ints or disagree with the filter, or an ``out_backprop`` whose
+        shape differs from the computed output shape.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> f = jnp.ones((3, 3, 1, 1), jnp.float32)
+      >>> dy = jnp.ones((1, 2, 2, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d_backprop_input((1, 4, 4, 1), f, dy, (1, 1), "VALID")[0, :, :, 0]
+      Array([[1., 2., 2., 1.],
+             [2., 4., 4., 2.],
+             [2., 4., 4., 2.],
+             [1., 2., 2., 1.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNativeBackpropInput``.
+    """
+    op = "depthwise_conv2d_backprop_input"
+    f = _checks.floating_array(op, "filter", filter)
+    dy = _same_dtype(op, f, "out_backprop", out_backprop)
+    sizes = _sizes(op, "input_sizes", input_sizes)
+    _check_rank(op, "filter", f.shape)
+    _check_rank(op, "out_backprop", dy.shape)
+    conv = _configure(
+        op, sizes, f.shape, strides, padding, data_format, dilations, explicit_paddings
+    )
+    _check_out_backprop(op, conv, dy.shape)
+    return _backprop_input(f, dy, conv)
+
+
+def depthwise_conv2d_backprop_filter(
+    input: ArrayLike,
+    filter_sizes: Sequence[int],
+    out_backprop: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+) -> jax.Array:
+    """The gradient of ``depthwise_conv2d`` with respect to its filter.
+
+    The exact adjoint of the forward sum in ``filter``::
+
+      df[di, dj, k, q] = sum over (b, i, j) of
+          x[b, i*sh - top + di*dh, j*sw - left + dj*dw, k] * out_backprop[b, i, j, k*M + q]
+
+    with reads outside the input being 0. Each tap's sum runs over the batch and
+    the output pixels in a fixed order, in float32 for half types. Differentiable:
+    the VJP with respect to ``input`` is ``depthwise_conv2d_backprop_input(
+    input.shape, c, out_backprop)`` and with respect to ``out_backprop`` is
+    ``depthwise_conv2d(input, c)``.
+
+    Args:
+      input: the forward input, 4-D in ``data_format`` order, floating.
+      filter_sizes: the filter's shape ``[fh, fw, C, M]``, 4 non-negative ints.
+      out_backprop: the gradient of the forward output, the dtype of ``input``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+
+    Returns:
+      The gradient with respect to the filter, shape ``filter_sizes``, the dtype
+      of ``input``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: as ``depthwise_conv2d``, and ``filter_sizes`` that are not 4
+        non-negative ints or disagree with the input, or an ``out_backprop`` whose
+        shape differs from the computed output shape.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> x = jnp.arange(16, dtype=jnp.float32).reshape(1, 4, 4, 1)
+      >>> dy = jnp.ones((1, 2, 2, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d_backprop_filter(x, (3, 3, 1, 1), dy, (1, 1), "VALID")[:, :, 0, 0]
+      Array([[10., 14., 18.],
+             [26., 30., 34.],
+             [42., 46., 50.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNativeBackpropFilter``.
+    """
+    op = "depthwise_conv2d_backprop_filter"
+    x = _checks.floating_array(op, "input", input)
+    dy = _same_dtype(op, x, "out_backprop", out_backprop)
+    sizes = _sizes(op, "filter_sizes", filter_sizes)
+    _check_rank(op, "input", x.shape)
+    _check_rank(op, "out_backprop", dy.shape)
+    conv = _configure(
+        op, x.shape, sizes, strides, padding, data_format, dilations, explicit_paddings
+    )
+    _check_out_backprop(op, conv, dy.shape)
+    return _backprop_filter(x, dy, conv)
+
+
+# --------------------------------------------------------------------------------------
+# Static configuration
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Conv:
+    """Everything static about one convolution: shapes, layout, strides, padding."""
+
+    nchw: bool
+    batch: int
+    channels: int  # C
+    multiplier: int  # M
+    in_size: tuple[int, int]  # (H, W)
+    kernel: tuple[int, int]  # (fh, fw)
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[tuple[int, int], tuple[int, int]]  # (before, after) for H and W
+    out_size: tuple[int, int]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self._shape(self.in_size, self.channels)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self._shape(self.out_size, self.channels * self.multiplier)
+
+    @property
+    def filter_shape(self) -> tuple[int, int, int, int]:
+        return (*self.kernel, self.channels, self.multiplier)
+
+    def _shape(self, spatial: tuple[int, int], channels: int) -> tuple[int, ...]:
+        if self.nchw:
+            return (self.batch, channels, *spatial)
+        return (self.batch, *spatial, channels)
+
+
+def _configure(
+    op: str,
+    input_shape: Sequence[int],
+    filter_shape: Sequence[int],
+    strides: Any,
+    padding: Any,
+    data_format: Any,
+    dilations: Any,
+    explicit_paddings: Any,
+) -> _Conv:
+    """Validates the arguments and computes output sizes and padding (SPEC §3)."""
+    padding = _checks.choice(op, "padding", padding, PADDINGS)
+    data_format = _checks.choice(op, "data_format", data_format, DATA_FORMATS)
+    nchw = data_format == "NCHW"
+    stride_hw = _spatial_pair(op, "strides", strides, nchw)
+    dilation_hw = _spatial_pair(op, "dilations", dilations, nchw)
+    explicit = _explicit_pads(op, padding, explicit_paddings, nchw)
+    n, c = input_shape[0], input_shape[1 if nchw else 3]
+    in_hw = tuple(input_shape[2:]) if nchw else tuple(input_shape[1:3])
+    fh, fw, fc, m = filter_shape
+    if c != fc:
+        raise ValueError(
+            f"{op}: input channels ({c}) must equal the filter's in_channels ({fc}); "
+            f"input shape {tuple(input_shape)}, filter shape {tuple(filter_shape)}"
+        )
+    pads, outs = [], []
+    for axis, size, k, s, d, ex in zip(
+        ("height", "width"), in_hw, (fh, fw), stride_hw, dilation_hw, explicit, strict=True
+    ):
+        effective = (k - 1) * d + 1
+        if padding == "VALID":
+            before, after = 0, 0
+            out = (size - effective + s) // s
+        elif padding == "SAME":
+            out = -(-size // s)
+            need = max(0, (out - 1) * s + effective - size)
+            before, after = need // 2, need - need // 2
+        else:
+            before, after = ex
+            out = (size + before + after - effective + s) // s
+        if out <= 0:
+            raise ValueError(
+                f"{op}: the computed output {axis} must be positive, got {out} (input "
+                f"{axis} {size}, filter {k}, dilation {d}, stride {s}, padding {before}+{after})"
+            )
+        pads.append((before, after))
+        outs.append(out)
+    return _Conv(
+        nchw=nchw,
+        batch=n,
+        channels=c,
+        multiplier=m,
+        in_size=(in_hw[0], in_hw[1]),
+        kernel=(fh, fw),
+        strides=stride_hw,
+        dilations=dilation_hw,
+        pads=(pads[0], pads[1]),
+        out_size=(outs[0], outs[1]),
+    )
+
+
+def _spatial_pair(op: str, name: str, value: Any, nchw: bool) -> tuple[int, int]:
+    """(height, width) from TensorFlow's 4-int form or a 2-int form; all >= 1."""
+    values = _checks.int_tuple(op, name, value)
+    if len(values) == 4:
+        h, w = (2, 3) if nchw else (1, 2)
+        others = (values[0], values[1 if nchw else 3])
+        if others != (1, 1):
+            raise ValueError(
+                f"{op}: {name} must be 1 on the batch and channel dimensions, got {values}"
+            )
+        values = (values[h], values[w])
+    elif len(values) != 2:
+        raise ValueError(
+            f"{op}: {name} must have 4 entries (data_format order) or 2 (height, width), "
+            f"got {len(values)}"
+        )
+    if min(values) < 1:
+        raise ValueError(f"{op}: {name} must be >= 1, got {values}")
+    return values[0], values[1]
+
+
+def _explicit_pads(
+    op: str, padding: str, value: Any, nchw: bool
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    values = _checks.int_tuple(op, "explicit_paddings", value)
+    if padding != "EXPLICIT":
+        if values:
+            raise ValueError(
+                f"{op}: explicit_paddings must be empty unless padding is 'EXPLICIT', "
+                f"got {values} with padding {padding!r}"
+            )
+        return (0, 0), (0, 0)
+    if len(values) != 8:
+        raise ValueError(
+            f"{op}: explicit_paddings must have 8 entries with padding 'EXPLICIT', "
+            f"got {len(values)}"
+        )
+    if min(values) < 0:
+        raise ValueError(f"{op}: explicit_paddings must be non-negative, got {values}")
+    pairs = [values[i : i + 2] for i in range(0, 8, 2)]
+    batch, channel = pairs[0], pairs[1 if nchw else 3]
+    if batch != (0, 0) or channel != (0, 0):
+        raise ValueError(
+            f"{op}: explicit_paddings must be 0 on the batch and channel dimensions, got {values}"
+        )
+    h, w = (pairs[2], pairs[3]) if nchw else (pairs[1], pairs[2])
+    return (h[0], h[1]), (w[0], w[1])
+
+
+def _check_rank(op: str, name: str, shape: Sequence[int]) -> None:
+    if len(shape) != 4:
+        raise ValueError(f"{op}: {name} must have rank 4, got rank {len(shape)} ({tuple(shape)})")
+
+
+def _sizes(op: str, name: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, jax.Array):
+        value = tuple(value.tolist())
+    values = _checks.int_tuple(op, name, value)
+    if len(values) != 4 or min(values) < 0:
+        raise ValueError(f"{op}: {name} must be 4 non-negative ints, got {values}")
+    return values
+
+
+def _same_dtype(op: str, first: jax.Array, name: str, value: Any) -> jax.Array:
+    second = _checks.floating_array(op, name, value)
+    if second.dtype != first.dtype:
+        raise TypeError(f"{op}: {name} must have dtype {first.dtype}, got {second.dtype}")
+    return second
+
+
+def _check_out_backprop(op: str, conv: _Conv, shape: tuple[int, ...]) -> None:
+    if tuple(shape) != conv.output_shape:
+        raise ValueError(
+            f"{op}: out_backprop's shape must equal the computed output shape: "
+            f"actual {tuple(shape)}, computed {conv.output_shape}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# The computation, in a 5-D view: [N, H, W, C, M] (NHWC) or [N, C, M, H, W] (NCHW)
+# --------------------------------------------------------------------------------------
+
+
+def _spatial_axes(conv: _Conv) -> tuple[int, int]:
+    return (3, 4) if conv.nchw else (1, 2)
+
+
+def _five_d(v: jax.Array, conv: _Conv, multiplier: int) -> jax.Array:
+    """Splits the channel axis of a 4-D array into (C, multiplier)."""
+    n, a, b, c = v.shape
+    if conv.nchw:
+        return v.reshape(n, conv.channels, multiplier, b, c)
+    return v.reshape(n, a, b, conv.channels, multiplier)
+
+
+def _four_d(v: jax.Array, conv: _Conv) -> jax.Array:
+    """Merges (C, M) back into one channel axis, channel k*M + q."""
+    if conv.nchw:
+        n, c, m, h, w = v.shape
+        return v.reshape(n, c * m, h, w)
+    n, h, w, c, m = v.shape
+    return v.reshape(n, h, w, c * m)
+
+
+def _filter_tap(f: jax.Array, di: int, dj: int, conv: _Conv) -> jax.Array:
+    """Tap (di, dj) of the filter, [C, M], shaped to broadcast against the 5-D view."""
+    tap = f[di, dj]
+    return tap.reshape(1, *tap.shape, 1, 1) if conv.nchw else tap.reshape(1, 1, 1, *tap.shape)
+
+
+def _padded(x5: jax.Array, conv: _Conv) -> jax.Array:
+    """The input padded so that every window of every tap lies inside it."""
+    config = [(0, 0, 0)] * 5
+    for axis, (before, after) in zip(_spatial_axes(conv), conv.pads, strict=True):
+        config[axis] = (before, after, 0)
+    return lax.pad(x5, jnp.zeros((), x5.dtype), config)
+
+
+def _window(xp: jax.Array, di: int, dj: int, conv: _Conv) -> jax.Array:
+    """The input pixels tap (di, dj) reads for every output pixel (strided, dilated)."""
+    start, limit, stride = [0] * 5, list(xp.shape), [1] * 5
+    for axis, tap, s, d, out in zip(
+        _spatial_axes(conv), (di, dj), conv.strides, conv.dilations, conv.out_size, strict=True
+    ):
+        start[axis] = tap * d
+        limit[axis] = tap * d + (out - 1) * s + 1
+        stride[axis] = s
+    return lax.slice(xp, start, limit, stride)
+
+
+def _taps(conv: _Conv) -> list[tuple[int, int]]:
+    return [(di, dj) for di in range(conv.kernel[0]) for dj in range(conv.kernel[1])]
+
+
+def _forward(x: jax.Array, f: jax.Array, conv: _Conv) -> jax.Array:
+    dtype = _checks.compute_dtype(x.dtype)
+    xp = _padded(_five_d(x, conv, 1), conv).astype(dtype)
+    f = f.astype(dtype)
+    total = functools.reduce(
+        operator.add,
+        (_window(xp, di, dj, conv) * _filter_tap(f, di, dj, conv) for di, dj in _taps(conv)),
+    )
+    return _four_d(total, conv).astype(x.dtype)
+
+
+def _input_gradient(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
+    dtype = _checks.compute_dtype(dy.dtype)
+    dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
+    f = f.astype(dtype)
+    m_axis = 2 if conv.nchw else 4
+
+    def placed(di: int, dj: int) -> jax.Array:
+        # Tap (di, dj) of output pixel i read input pixel i*s - before + di*d: spread
+        # the outputs s apart (interior padding) and shift them there. Negative edge
+        # padding crops what landed in the padding.
+        contribution = jnp.sum(dy5 * _filter_tap(f, di, dj, conv), axis=m_axis, keepdims=True)
+        config = [(0, 0, 0)] * 5
+        for axis, tap, s, d, (before, _), n, out in zip(
+            _spatial_axes(conv),
+            (di, dj),
+            conv.strides,
+            conv.dilations,
+            conv.pads,
+            conv.in_size,
+            conv.out_size,
+            strict=True,
+        ):
+            low = tap * d - before
+            config[axis] = (low, n - (low + (out - 1) * s + 1), s - 1)
+        return lax.pad(contribution, jnp.zeros((), dtype), config)
+
+    total = functools.reduce(operator.add, (placed(di, dj) for di, dj in _taps(conv)))
+    return _four_d(total, conv).astype(dy.dtype)
+
+
+def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
+    dtype = _checks.compute_dtype(x.dtype)
+    xp = _padded(_five_d(x, conv, 1), conv).astype(dtype)
+    dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
+    reduced = (0, 3, 4) if conv.nchw else (0, 1, 2)
+    taps = [jnp.sum(_window(xp, di, dj, conv) * dy5, axis=reduced) for di, dj in _taps(conv)]
+    return jnp.stack(taps).reshape(conv.filter_shape).astype(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Custom VJPs: each op's backward is built from the other two (SPEC §0)
+# --------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv(x: jax.Array, f: jax.Array, conv: _Conv) -> jax.Array:
+    return _forward(x, f, conv)
+
+
+def _conv_fwd(
+    x: jax.Array, f: jax.Array, conv: _Conv
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _conv(x, f, conv), (x, f)
+
+
+def _conv_bwd(
+    conv: _Conv, residuals: tuple[jax.Array, jax.Array], g: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    x, f = residuals
+    return _backprop_input(f, g, conv), _backprop_filter(x, g, conv)
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _backprop_input(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
+    return _input_gradient(f, dy, conv)
+
+
+def _backprop_input_fwd(
+    f: jax.Array, dy: jax.Array, conv: _Conv
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _backprop_input(f, dy, conv), (f, dy)
+
+
+def _backprop_input_bwd(
+    conv: _Conv, residuals: tuple[jax.Array, jax.Array], c: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    f, dy = residuals
+    return _backprop_filter(c, dy, conv), _conv(c, f, conv)
+
+
+_backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _backprop_filter(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
+    return _filter_gradient(x, dy, conv)
+
+
+def _backprop_filter_fwd(
+    x: jax.Array, dy: jax.Array, conv: _Conv
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _backprop_filter(x, dy, conv), (x, dy)
+
+
+def _backprop_filter_bwd(
+    conv: _Conv, residuals: tuple[jax.Array, jax.Array], c: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    x, dy = residuals
+    return _backprop_input(c, dy, conv), _conv(x, c, conv)
+
+
+_backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)

@@ -1,0 +1,588 @@
+"""Depthwise conv2d and its backprops against SPEC §3: a loop reference, lax as a second
+oracle, closure under differentiation, dtypes, transforms, determinism and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import FLOAT_DTYPES, TOLERANCE, transformed
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from jax import lax
+from jax.test_util import check_grads
+
+import jaxgrad
+
+# ----------------------------------------------------------------------------------
+# Reference, from SPEC §3 literally: NHWC, float64, loops over pixels and taps.
+# ----------------------------------------------------------------------------------
+
+
+def geometry(n, k, s, d, padding, explicit=(0, 0)):
+    """(out, before) for one spatial axis, as SPEC §3 states it."""
+    e = (k - 1) * d + 1
+    if padding == "VALID":
+        return (n - e + s) // s, 0
+    if padding == "SAME":
+        out = -(-n // s)
+        need = max(0, (out - 1) * s + e - n)
+        return out, need // 2
+    before, after = explicit
+    return (n + before + after - e + s) // s, before
+
+
+def reads(cfg):
+    """Yields (i, j, di, dj, row, col) for every in-bounds read of the forward sum."""
+    (_, h, w, _), (fh, fw, _, _) = cfg["x_shape"], cfg["f_shape"]
+    (sh, sw), (dh, dw) = cfg["strides"], cfg["dilations"]
+    (oh, top), (ow, left) = cfg["geom"]
+    for i in range(oh):
+        for j in range(ow):
+            for di in range(fh):
+                for dj in range(fw):
+                    r, c = i * sh - top + di * dh, j * sw - left + dj * dw
+                    if 0 <= r < h and 0 <= c < w:
+                        yield i, j, di, dj, r, c
+
+
+def out_shape(cfg):
+    (n, _, _, c), m = cfg["x_shape"], cfg["f_shape"][3]
+    return (n, cfg["geom"][0][0], cfg["geom"][1][0], c * m)
+
+
+def ref_forward(x, f, cfg):
+    n, _, _, c = x.shape
+    m = f.shape[3]
+    out = np.zeros(out_shape(cfg)).reshape(n, *out_shape(cfg)[1:3], c, m)
+    for i, j, di, dj, r, col in reads(cfg):
+        out[:, i, j] += x[:, r, col, :, None] * f[di, dj]
+    return out.reshape(out_shape(cfg))
+
+
+def ref_backprop_input(f, dy, cfg):
+    _n, _, _, c = cfg["x_shape"]
+    dy5 = dy.reshape(*dy.shape[:3], c, -1)
+    dx = np.zeros(cfg["x_shape"])
+    for i, j, di, dj, r, col in reads(cfg):
+        dx[:, r, col] += (dy5[:, i, j] * f[di, dj]).sum(-1)
+    return dx
+
+
+def ref_backprop_filter(x, dy, cfg):
+    c = x.shape[3]
+    dy5 = dy.reshape(*dy.shape[:3], c, -1)
+    df = np.zeros(cfg["f_shape"])
+    for i, j, di, dj, r, col in reads(cfg):
+        df[di, dj] += (x[:, r, col, :, None] * dy5[:, i, j]).sum(0)
+    return df
+
+
+def to_nchw(a):
+    return np.transpose(a, (0, 3, 1, 2))
+
+
+def from_nchw(a):
+    return np.transpose(a, (0, 2, 3, 1))
+
+
+# ----------------------------------------------------------------------------------
+# Configurations
+# ----------------------------------------------------------------------------------
+
+
+def make_cfg(x_shape, f_shape, strides, dilations, padding, explicit_hw=((0, 0), (0, 0))):
+    geom = tuple(
+        geometry(x_shape[1 + a], f_shape[a], strides[a], dilations[a], padding, explicit_hw[a])
+        for a in range(2)
+    )
+    return dict(
+        x_shape=x_shape,
+        f_shape=f_shape,
+        strides=strides,
+        dilations=dilations,
+        padding=padding,
+        explicit_hw=explicit_hw,
+        geom=geom,
+    )
+
+
+def op_kwargs(cfg, data_format, four_ints=False):
+    """Arguments for jaxgrad in data_format order; strides/dilations in 2- or 4-int form."""
+    kw = dict(data_format=data_format)
+    (ht, hb), (wl, wr) = cfg["explicit_hw"]
+    if cfg["padding"] == "EXPLICIT":
+        kw["explicit_paddings"] = (
+            (0, 0, 0, 0, ht, hb, wl, wr) if data_format == "NCHW" else (0, 0, ht, hb, wl, wr, 0, 0)
+        )
+    s, d = cfg["strides"], cfg["dilations"]
+    if four_ints:
+        s = (1, 1, *s) if data_format == "NCHW" else (1, *s, 1)
+        d = (1, 1, *d) if data_format == "NCHW" else (1, *d, 1)
+    kw["dilations"] = d
+    return s, cfg["padding"], kw
+
+
+@st.composite
+def configs(draw):
+    n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    fh, fw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilations = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
+    pads = st.tuples(st.integers(0, 4), st.integers(0, 4))
+    explicit = (draw(pads), draw(pads)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
+    cfg = make_cfg((n, h, w, c), (fh, fw, c, m), strides, dilations, padding, explicit)
+    assume(cfg["geom"][0][0] > 0 and cfg["geom"][1][0] > 0)
+    return cfg
+
+
+def random_operands(cfg, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=cfg["x_shape"])
+    f = rng.normal(size=cfg["f_shape"])
+    dy = rng.normal(size=out_shape(cfg))
+    return x, f, dy
+
+
+# ----------------------------------------------------------------------------------
+# Against the reference and the lax oracle
+# ----------------------------------------------------------------------------------
+
+
+# Each example compiles new shapes, so the expensive properties draw fewer examples.
+@settings(max_examples=25)
+@given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.booleans(), st.integers(0, 2**31 - 1))
+def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
+    x, f, dy = random_operands(cfg, seed)
+    strides, padding, kw = op_kwargs(cfg, data_format, four_ints)
+    nchw = data_format == "NCHW"
+    layout = to_nchw if nchw else (lambda a: a)
+    back = from_nchw if nchw else (lambda a: a)
+    x_sizes = layout(x).shape
+
+    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
+    np.testing.assert_allclose(back(np.asarray(y)), ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    dx = jaxgrad.depthwise_conv2d_backprop_input(
+        x_sizes, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    np.testing.assert_allclose(
+        back(np.asarray(dx)), ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10
+    )
+    df = jaxgrad.depthwise_conv2d_backprop_filter(
+        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+def lax_depthwise(x, f, cfg):
+    """The second oracle: XLA's grouped convolution (NHWC)."""
+    c, m = f.shape[2], f.shape[3]
+    (_oh, _top), (_ow, _left) = cfg["geom"]
+    pads = []
+    for a, (out, before) in enumerate(cfg["geom"]):
+        e = (cfg["f_shape"][a] - 1) * cfg["dilations"][a] + 1
+        pads.append((before, (out - 1) * cfg["strides"][a] + e - cfg["x_shape"][1 + a] - before))
+    return lax.conv_general_dilated(
+        x,
+        f.reshape(*f.shape[:2], 1, c * m),
+        cfg["strides"],
+        pads,
+        rhs_dilation=cfg["dilations"],
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=c,
+    )
+
+
+@settings(max_examples=20)
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_gradients_match_lax_autodiff(cfg, seed):
+    x, f, dy = (jnp.asarray(a) for a in random_operands(cfg, seed))
+    strides, padding, kw = op_kwargs(cfg, "NHWC")
+
+    @jax.jit
+    def both(x, f, dy):
+        ours = jax.vjp(lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw), x, f)
+        theirs = jax.vjp(lambda x, f: lax_depthwise(x, f, cfg), x, f)
+        return (ours[0], *ours[1](dy)), (theirs[0], *theirs[1](dy))
+
+    for a, b in zip(*both(x, f, dy), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------
+# Dtypes, transforms, closure, gradients
+# ----------------------------------------------------------------------------------
+
+CASES = [
+    # x_shape (NHWC), f_shape, strides, dilations, padding, explicit
+    ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
+    ((2, 9, 8, 3), (5, 5, 3, 2), (2, 2), (1, 1), "SAME", ((0, 0), (0, 0))),
+    ((1, 10, 11, 2), (2, 4, 2, 3), (3, 2), (2, 1), "VALID", ((0, 0), (0, 0))),
+    ((1, 7, 6, 2), (3, 2, 2, 2), (1, 2), (2, 2), "EXPLICIT", ((2, 1), (0, 3))),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", CASES)
+def test_dtypes_formats_and_transforms(case, data_format, dtype, transform):
+    cfg = make_cfg(*case)
+    x, f, dy = random_operands(cfg, 0)
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    nchw = data_format == "NCHW"
+    layout = to_nchw if nchw else (lambda a: a)
+    back = from_nchw if nchw else (lambda a: a)
+    xj, fj, dyj = (
+        jnp.asarray(layout(x), dtype),
+        jnp.asarray(f, dtype),
+        jnp.asarray(layout(dy), dtype),
+    )
+    # References on the rounded operands, so only the computation's error remains.
+    xr, fr, dyr = (np.asarray(a, np.float64) for a in (xj, fj, dyj))
+    xr, dyr = back(xr), back(dyr)
+    tol = TOLERANCE[np.dtype(dtype)]
+
+    def close(got, want):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(
+            np.asarray(got, np.float64), want, rtol=tol, atol=tol * max(1.0, np.abs(want).max())
+        )
+
+    fwd = transformed(
+        lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw), transform
+    )
+    close(back(fwd(xj, fj)), ref_forward(xr, fr, cfg))
+    bpi = transformed(
+        lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+            xj.shape, f, dy, strides, padding, **kw
+        ),
+        transform,
+    )
+    close(back(bpi(fj, dyj)), ref_backprop_input(fr, dyr, cfg))
+    bpf = transformed(
+        lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+            x, fj.shape, dy, strides, padding, **kw
+        ),
+        transform,
+    )
+    close(bpf(xj, dyj), ref_backprop_filter(xr, dyr, cfg))
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", CASES)
+def test_check_grads_all_three(case, data_format):
+    cfg = make_cfg(*case)
+    nchw = data_format == "NCHW"
+    layout = to_nchw if nchw else (lambda a: a)
+    x, f, dy = random_operands(cfg, 1)
+    x, dy = jnp.asarray(layout(x)), jnp.asarray(layout(dy))
+    f = jnp.asarray(f)
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    check_grads(
+        lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw),
+        (x, f),
+        order=2,
+        modes=["rev"],
+    )
+    check_grads(
+        lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+            x.shape, f, dy, strides, padding, **kw
+        ),
+        (f, dy),
+        order=2,
+        modes=["rev"],
+    )
+    check_grads(
+        lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+            x, f.shape, dy, strides, padding, **kw
+        ),
+        (x, dy),
+        order=2,
+        modes=["rev"],
+    )
+
+
+def test_vjps_are_the_ops_of_the_set():
+    # SPEC §0, each line of the table, with exact equality.
+    cfg = make_cfg(*CASES[1])
+    x, f, dy = (jnp.asarray(a) for a in random_operands(cfg, 2))
+    strides, padding, kw = op_kwargs(cfg, "NHWC")
+    conv = lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw)  # noqa: E731
+    bpi = lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(  # noqa: E731
+        x.shape, f, dy, strides, padding, **kw
+    )
+    bpf = lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(  # noqa: E731
+        x, f.shape, dy, strides, padding, **kw
+    )
+
+    gx, gf = jax.vjp(conv, x, f)[1](dy)
+    np.testing.assert_array_equal(gx, bpi(f, dy))
+    np.testing.assert_array_equal(gf, bpf(x, dy))
+
+    c = jnp.asarray(np.random.default_rng(3).normal(size=x.shape))
+    cf, cdy = jax.vjp(bpi, f, dy)[1](c)
+    np.testing.assert_array_equal(cf, bpf(c, dy))
+    np.testing.assert_array_equal(cdy, conv(c, f))
+
+    c = jnp.asarray(np.random.default_rng(4).normal(size=f.shape))
+    cx, cdy = jax.vjp(bpf, x, dy)[1](c)
+    np.testing.assert_array_equal(cx, bpi(c, dy))
+    np.testing.assert_array_equal(cdy, conv(x, c))
+
+
+def test_adjoint_identities():
+    cfg = make_cfg(*CASES[3])
+    x, f, dy = (jnp.asarray(a) for a in random_operands(cfg, 5))
+    strides, padding, kw = op_kwargs(cfg, "NHWC")
+    y = jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw)
+    dx = jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, dy, strides, padding, **kw)
+    df = jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, dy, strides, padding, **kw)
+    np.testing.assert_allclose(jnp.vdot(y, dy), jnp.vdot(x, dx), rtol=1e-12)
+    np.testing.assert_allclose(jnp.vdot(y, dy), jnp.vdot(f, df), rtol=1e-12)
+
+
+def test_four_int_and_two_int_forms_agree():
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(1, 3, 8, 9)))
+    f = jnp.asarray(np.random.default_rng(7).normal(size=(3, 3, 3, 2)))
+    a = jaxgrad.depthwise_conv2d(
+        x, f, (1, 1, 2, 1), "SAME", data_format="NCHW", dilations=(1, 1, 1, 2)
+    )
+    b = jaxgrad.depthwise_conv2d(x, f, (2, 1), "SAME", data_format="NCHW", dilations=(1, 2))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_same_puts_the_odd_pixel_after():
+    # n = 4, k = 2, s = 1: need = 1, so before = 0 and after = 1 (bottom/right).
+    x = jnp.arange(16.0).reshape(1, 4, 4, 1)
+    f = jnp.zeros((2, 2, 1, 1)).at[0, 0].set(1.0)
+    np.testing.assert_array_equal(jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME"), x)
+
+
+def test_deterministic():
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.normal(size=(4, 32, 32, 16)), jnp.float32)
+    f = jnp.asarray(rng.normal(size=(3, 3, 16, 1)), jnp.float32)
+    g = jax.jit(
+        jax.grad(
+            lambda x, f: (jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME") ** 2).sum(), argnums=(0, 1)
+        )
+    )
+    first = [np.asarray(a).tobytes() for a in g(x, f)]
+    for _ in range(3):
+        assert [np.asarray(a).tobytes() for a in g(x, f)] == first
+
+
+def test_no_scatter_in_any_gradient():
+    x = jnp.ones((2, 8, 8, 4), jnp.float32)
+    f = jnp.ones((3, 3, 4, 2), jnp.float32)
+    g = jax.jit(
+        jax.grad(lambda x, f: jaxgrad.depthwise_conv2d(x, f, (2, 2), "SAME").sum(), argnums=(0, 1))
+    )
+    assert "scatter" not in g.lower(x, f).as_text()
+
+
+def test_forward_mode_raises():
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(
+            lambda x: jaxgrad.depthwise_conv2d(x, jnp.ones((1, 1, 1, 1)), (1, 1), "VALID"),
+            (jnp.ones((1, 2, 2, 1)),),
+            (jnp.ones((1, 2, 2, 1)),),
+        )
+
+
+# ----------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------
+
+X = jnp.ones((1, 5, 5, 2))
+F = jnp.ones((3, 3, 2, 1))
+DY = jnp.ones((1, 5, 5, 2))
+conv = jaxgrad.depthwise_conv2d
+bpi = jaxgrad.depthwise_conv2d_backprop_input
+bpf = jaxgrad.depthwise_conv2d_backprop_filter
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: conv(jnp.ones((5, 5, 2)), F, (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: input must have rank 4, got rank 3 \(\(5, 5, 2\)\)",
+        ),
+        (
+            lambda: conv(X, jnp.ones((3, 3, 2)), (1, 1), "SAME"),
+            ValueError,
+            "depthwise_conv2d: filter must have rank 4, got rank 3",
+        ),
+        (
+            lambda: conv(X, jnp.ones((3, 3, 3, 1)), (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: input channels \(2\) must equal the filter's in_channels \(3\)",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "FULL"),
+            ValueError,
+            "depthwise_conv2d: padding must be one of 'SAME', 'VALID', 'EXPLICIT', got 'FULL'",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", data_format="NCWH"),
+            ValueError,
+            "depthwise_conv2d: data_format must be one of 'NHWC', 'NCHW', got 'NCWH'",
+        ),
+        (
+            lambda: conv(X, F, (1, 1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: strides must have 4 entries \(data_format order\) or 2 "
+            r"\(height, width\), got 3",
+        ),
+        (
+            lambda: conv(X, F, (1, 0), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: strides must be >= 1, got \(1, 0\)",
+        ),
+        (
+            lambda: conv(X, F, (2, 1, 1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: strides must be 1 on the batch and channel dimensions, "
+            r"got \(2, 1, 1, 1\)",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", data_format="NCHW", dilations=(1, 2, 1, 1)),
+            ValueError,
+            "depthwise_conv2d: dilations must be 1 on the batch and channel dimensions",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", dilations=(1, -1)),
+            ValueError,
+            "depthwise_conv2d: dilations must be >= 1",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", dilations=(1, 1, 1)),
+            ValueError,
+            "depthwise_conv2d: dilations must have 4 entries",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "EXPLICIT"),
+            ValueError,
+            "depthwise_conv2d: explicit_paddings must have 8 entries with padding 'EXPLICIT', "
+            "got 0",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "EXPLICIT", explicit_paddings=(0,) * 6),
+            ValueError,
+            "explicit_paddings must have 8 entries with padding 'EXPLICIT', got 6",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "EXPLICIT", explicit_paddings=(0, 0, -1, 0, 0, 0, 0, 0)),
+            ValueError,
+            "depthwise_conv2d: explicit_paddings must be non-negative",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "EXPLICIT", explicit_paddings=(1, 0, 0, 0, 0, 0, 0, 0)),
+            ValueError,
+            "depthwise_conv2d: explicit_paddings must be 0 on the batch and channel dimensions",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "EXPLICIT", explicit_paddings=(0, 0, 0, 0, 0, 0, 0, 1)),
+            ValueError,
+            "explicit_paddings must be 0 on the batch and channel dimensions",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", explicit_paddings=(0,) * 8),
+            ValueError,
+            "depthwise_conv2d: explicit_paddings must be empty unless padding is 'EXPLICIT', "
+            "got .* with padding 'SAME'",
+        ),
+        (
+            lambda: conv(X, jnp.ones((7, 3, 2, 1)), (1, 1), "VALID"),
+            ValueError,
+            r"depthwise_conv2d: the computed output height must be positive, got -1",
+        ),
+        (
+            lambda: conv(X, jnp.ones((3, 3, 2, 1)), (1, 1), "VALID", dilations=(1, 3)),
+            ValueError,
+            "depthwise_conv2d: the computed output width must be positive, got -1",
+        ),
+        (
+            lambda: conv(X, jnp.ones((3, 3, 2, 1), jnp.float32), (1, 1), "SAME"),
+            TypeError,
+            "depthwise_conv2d: filter must have dtype float64, got float32",
+        ),
+        (
+            lambda: conv(jnp.ones((1, 5, 5, 2), jnp.int32), F, (1, 1), "SAME"),
+            TypeError,
+            "depthwise_conv2d: input must have dtype float16, bfloat16, float32 or float64, "
+            "got int32",
+        ),
+        (
+            lambda: conv(X, F, 1, "SAME"),
+            TypeError,
+            "depthwise_conv2d: strides must be a sequence of ints, got 1",
+        ),
+        (
+            lambda: bpi((1, 5, 5, 2), F, jnp.ones((1, 4, 5, 2)), (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d_backprop_input: out_backprop's shape must equal the computed "
+            r"output shape: actual \(1, 4, 5, 2\), computed \(1, 5, 5, 2\)",
+        ),
+        (
+            lambda: bpi((1, 5, 5), F, DY, (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d_backprop_input: input_sizes must be 4 non-negative ints, "
+            r"got \(1, 5, 5\)",
+        ),
+        (
+            lambda: bpi((1, 5, -5, 2), F, DY, (1, 1), "SAME"),
+            ValueError,
+            "input_sizes must be 4 non-negative ints",
+        ),
+        (
+            lambda: bpi((1, 5, 5, 3), F, DY, (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d_backprop_input: input channels \(3\) must equal the filter's "
+            r"in_channels \(2\)",
+        ),
+        (
+            lambda: bpi((1, 5, 5, 2), F, jnp.ones((1, 5, 5, 2), jnp.float32), (1, 1), "SAME"),
+            TypeError,
+            "depthwise_conv2d_backprop_input: out_backprop must have dtype float64",
+        ),
+        (
+            lambda: bpi((1, 5, 5, 2), F, jnp.ones((5, 5, 2)), (1, 1), "SAME"),
+            ValueError,
+            "depthwise_conv2d_backprop_input: out_backprop must have rank 4",
+        ),
+        (
+            lambda: bpi("1552", F, DY, (1, 1), "SAME"),
+            TypeError,
+            "depthwise_conv2d_backprop_input: input_sizes must be a sequence of ints",
+        ),
+        (
+            lambda: bpf(X, (3, 3, 2, 2), DY, (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d_backprop_filter: out_backprop's shape must equal the computed "
+            r"output shape: actual \(1, 5, 5, 2\), computed \(1, 5, 5, 4\)",
+        ),
+        (
+            lambda: bpf(X, (3, 3, 4, 1), DY, (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d_backprop_filter: input channels \(2\) must equal the filter's "
+            r"in_channels \(4\)",
+        ),
+        (
+            lambda: bpf(X, (3, 3, 2), DY, (1, 1), "SAME"),
+            ValueError,
+            "depthwise_conv2d_backprop_filter: filter_sizes must be 4 non-negative ints",
+        ),
+        (
+            lambda: bpf(X, (3, 3, 2, 1), DY, (1, 1), "VALID"),
+            ValueError,
+            r"actual \(1, 5, 5, 2\), computed \(1, 3, 3, 2\)",
+        ),
+    ],
+)
+def test_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
