@@ -520,34 +520,93 @@ def _forward(x: jax.Array, f: jax.Array, conv: _Conv) -> jax.Array:
     return _four_d(total, conv).astype(x.dtype)
 
 
+def _phases(
+    n: int, out: int, k: int, s: int, d: int, before: int
+) -> tuple[int, list[list[tuple[int, int]]], tuple[int, int]]:
+    """The input gradient along one axis, split by the residue of the input index.
+
+    Input pixel ``p = r + s*u`` receives tap ``t`` from output ``i = u + c`` exactly
+    when ``(r + before - t*d)`` is a multiple of ``s``, with ``c`` that multiple
+    divided by ``s``. Returns the phase length ``ceil(n / s)``, the ``(t, c)`` pairs
+    of each residue ``r``, and the zero padding of the gradient that keeps every
+    ``u + c`` in range.
+    """
+    length = -(-n // s)
+    phases = [
+        [(t, (r + before - t * d) // s) for t in range(k) if (r + before - t * d) % s == 0]
+        for r in range(s)
+    ]
+    offsets = [c for taps in phases for _, c in taps] or [0]
+    return length, phases, (max(0, -min(offsets)), max(0, max(offsets) + length - out))
+
+
+def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
+    """``out[r + s*u] = phases[r][u]`` along ``axis``, cropped to ``size``."""
+    if len(phases) == 1:
+        stacked = phases[0]
+    else:
+        stacked = jnp.stack(phases, axis=axis + 1)
+        shape = list(phases[0].shape)
+        shape[axis] *= len(phases)
+        stacked = stacked.reshape(shape)
+    return lax.slice_in_dim(stacked, 0, size, axis=axis)
+
+
 def _input_gradient(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
+    # Polyphase: the input pixels of one residue class per axis receive a fixed set
+    # of taps at shifts that do not depend on the pixel, so each class is a stride-1
+    # shifted sum over the gradient, and the classes interleave back into place.
+    # (Spreading the gradient with interior padding instead costs 25x more with
+    # stride 2, measured.) The multiplier is summed with explicit adds: no
+    # reduction, no scatter.
     dtype = _checks.compute_dtype(dy.dtype)
     dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
     f = f.astype(dtype)
+    h_axis, w_axis = _spatial_axes(conv)
     m_axis = 2 if conv.nchw else 4
-
-    def placed(di: int, dj: int) -> jax.Array:
-        # Tap (di, dj) of output pixel i read input pixel i*s - before + di*d: spread
-        # the outputs s apart (interior padding) and shift them there. Negative edge
-        # padding crops what landed in the padding.
-        contribution = jnp.sum(dy5 * _filter_tap(f, di, dj, conv), axis=m_axis, keepdims=True)
-        config = [(0, 0, 0)] * 5
-        for axis, tap, s, d, (before, _), n, out in zip(
-            _spatial_axes(conv),
-            (di, dj),
+    plans = [
+        _phases(n, o, k, s, d, before)
+        for n, o, k, s, d, (before, _) in zip(
+            conv.in_size,
+            conv.out_size,
+            conv.kernel,
             conv.strides,
             conv.dilations,
             conv.pads,
-            conv.in_size,
-            conv.out_size,
             strict=True,
-        ):
-            low = tap * d - before
-            config[axis] = (low, n - (low + (out - 1) * s + 1), s - 1)
-        return lax.pad(contribution, jnp.zeros((), dtype), config)
+        )
+    ]
+    config = [(0, 0, 0)] * 5
+    for axis, (_, _, (lo, hi)) in zip((h_axis, w_axis), plans, strict=True):
+        config[axis] = (lo, hi, 0)
+    dyp = lax.pad(dy5, jnp.zeros((), dtype), config)
+    (rows, h_phases, (h_lo, _)), (cols, w_phases, (w_lo, _)) = plans
 
-    total = functools.reduce(operator.add, (placed(di, dj) for di, dj in _taps(conv)))
-    return _four_d(total, conv).astype(dy.dtype)
+    def term(th: int, ch: int, tw: int, cw: int, q: int) -> jax.Array:
+        start = [0] * 5
+        start[h_axis], start[w_axis], start[m_axis] = ch + h_lo, cw + w_lo, q
+        limit = list(dyp.shape)
+        limit[h_axis], limit[w_axis], limit[m_axis] = ch + h_lo + rows, cw + w_lo + cols, q + 1
+        tap = _filter_tap(f[:, :, :, q : q + 1], th, tw, conv)
+        return lax.slice(dyp, start, limit) * tap
+
+    def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
+        terms = [
+            term(th, ch, tw, cw, q)
+            for th, ch in h_taps
+            for tw, cw in w_taps
+            for q in range(conv.multiplier)
+        ]
+        if not terms:  # no tap reaches this residue class
+            shape = list(dyp.shape)
+            shape[h_axis], shape[w_axis], shape[m_axis] = rows, cols, 1
+            return jnp.zeros(shape, dtype)
+        return functools.reduce(operator.add, terms)
+
+    by_rows = [
+        _interleave([phase(h, w) for w in w_phases], w_axis, conv.in_size[1]) for h in h_phases
+    ]
+    return _four_d(_interleave(by_rows, h_axis, conv.in_size[0]), conv).astype(dy.dtype)
 
 
 # The filter gradient's reduction runs in two stages. XLA:CPU emits a reduction
