@@ -645,9 +645,10 @@ def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
 
     # Stacking the taps' partial sums before the one reduction keeps stage 1 in
     # XLA's own loop fusion (reduced directly, its slices would be copied out one
-    # by one to feed the library reduction).
-    partial = jnp.stack([tap_rows(di, dj) for di, dj in _taps(conv)])
-    grad = jnp.sum(partial, axis=(1, 4, 5) if conv.nchw else (1, 2, 3))
+    # by one to feed the library reduction). Stacked after the batch axis, all taps
+    # of one image are computed while that image is in cache.
+    partial = jnp.stack([tap_rows(di, dj) for di, dj in _taps(conv)], axis=1)
+    grad = jnp.sum(partial, axis=(0, 4, 5) if conv.nchw else (0, 2, 3))
     return grad.reshape(conv.filter_shape).astype(x.dtype)
 
 
