@@ -51,9 +51,28 @@ def resample_examples() -> None:
     )
 
 
+def depthwise_examples() -> None:
+    # TensorFlow's DepthwiseConv2dNativeBackpropInput: a 3x3 all-ones filter, stride 2,
+    # SAME, all-ones gradient: each input pixel counts the output windows that read it.
+    f = jnp.ones((3, 3, 1, 1), jnp.float32)
+    dy = jnp.ones((1, 3, 3, 1), jnp.float32)
+    dx = jaxgrad.depthwise_conv2d_backprop_input((1, 5, 5, 1), f, dy, (2, 2), "SAME")
+    show("depthwise_conv2d_backprop_input, 3x3 stride 2 SAME", dx[0, :, :, 0])
+    # And jax.grad through the forward op gives the same, plus the filter gradient.
+    x = jnp.arange(25, dtype=jnp.float32).reshape(1, 5, 5, 1)
+
+    def loss(x, f):
+        return jaxgrad.depthwise_conv2d(x, f, (2, 2), "SAME").sum()
+
+    gx, gf = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, f)
+    show("jax.grad through depthwise_conv2d, w.r.t. the input", gx[0, :, :, 0])
+    show("... and w.r.t. the filter (depthwise_conv2d_backprop_filter)", gf[:, :, 0, 0])
+
+
 def main() -> None:
     relu_examples()
     resample_examples()
+    depthwise_examples()
 
 
 if __name__ == "__main__":
