@@ -31,19 +31,30 @@ PEERS = ["lax", "torch"]
 def jaxgrad_fns(fmt, x_shape, f_shape, stride):
     kw = dict(data_format=fmt)
     fwd = jax.jit(lambda x, f: jaxgrad.depthwise_conv2d(x, f, (stride, stride), "SAME", **kw))
-    bpi = jax.jit(lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
-        x_shape, f, dy, (stride, stride), "SAME", **kw))
-    bpf = jax.jit(lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
-        x, f_shape, dy, (stride, stride), "SAME", **kw))
+    bpi = jax.jit(
+        lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+            x_shape, f, dy, (stride, stride), "SAME", **kw
+        )
+    )
+    bpf = jax.jit(
+        lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+            x, f_shape, dy, (stride, stride), "SAME", **kw
+        )
+    )
     return fwd, bpi, bpf
 
 
 def lax_fns(fmt, c, m, stride):
     def conv(x, f):
         w = f.reshape(*f.shape[:2], 1, c * m)
-        return lax.conv_general_dilated(x, w, (stride, stride), "SAME",
-                                        dimension_numbers=(fmt, "HWIO", fmt),
-                                        feature_group_count=c)
+        return lax.conv_general_dilated(
+            x,
+            w,
+            (stride, stride),
+            "SAME",
+            dimension_numbers=(fmt, "HWIO", fmt),
+            feature_group_count=c,
+        )
 
     fwd = jax.jit(conv)
     bpi = jax.jit(lambda x, f, dy: jax.vjp(lambda x: conv(x, f), x)[1](dy)[0])
@@ -63,8 +74,9 @@ def torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, repeats):
 
     x, dy = tensor(x_np), tensor(dy_np)
     fh, fw, c, m = f_np.shape
-    w = torch.tensor(np.ascontiguousarray(
-        np.transpose(f_np.reshape(fh, fw, c * m), (2, 0, 1))[:, None])).to(dtype)
+    w = torch.tensor(
+        np.ascontiguousarray(np.transpose(f_np.reshape(fh, fw, c * m), (2, 0, 1))[:, None])
+    ).to(dtype)
     pad = ((fh - 1) // 2, (fw - 1) // 2)
     if stride != 1 or fh % 2 == 0:
         # PyTorch pads symmetrically; SAME with stride 2 on an even size pads one
@@ -74,10 +86,12 @@ def torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, repeats):
     with torch.no_grad():
         fwd = median_ms(lambda: F.conv2d(x, w, None, stride, pad, 1, c), repeats=repeats)
         args = (dy, x, w, None, [stride] * 2, list(pad), [1, 1], False, [0, 0], c)
-        bpi = median_ms(lambda: aten.convolution_backward(*args, [True, False, False]),
-                        repeats=repeats)
-        bpf = median_ms(lambda: aten.convolution_backward(*args, [False, True, False]),
-                        repeats=repeats)
+        bpi = median_ms(
+            lambda: aten.convolution_backward(*args, [True, False, False]), repeats=repeats
+        )
+        bpf = median_ms(
+            lambda: aten.convolution_backward(*args, [False, True, False]), repeats=repeats
+        )
     return fwd, bpi, bpf
 
 
@@ -102,17 +116,27 @@ def main() -> None:
             ours = jaxgrad_fns(fmt, x.shape, f.shape, stride)
             peer = lax_fns(fmt, c, m, stride)
             timed = {
-                "fwd": (median_ms(ours[0], x, f, repeats=args.repeats),
-                        median_ms(peer[0], x, f, repeats=args.repeats), nbytes(x, f, dy)),
-                "bp input": (median_ms(ours[1], f, dy, repeats=args.repeats),
-                             median_ms(peer[1], x, f, dy, repeats=args.repeats),
-                             nbytes(f, dy, x)),
-                "bp filter": (median_ms(ours[2], x, dy, repeats=args.repeats),
-                              median_ms(peer[2], x, f, dy, repeats=args.repeats),
-                              nbytes(x, dy, f)),
+                "fwd": (
+                    median_ms(ours[0], x, f, repeats=args.repeats),
+                    median_ms(peer[0], x, f, repeats=args.repeats),
+                    nbytes(x, f, dy),
+                ),
+                "bp input": (
+                    median_ms(ours[1], f, dy, repeats=args.repeats),
+                    median_ms(peer[1], x, f, dy, repeats=args.repeats),
+                    nbytes(f, dy, x),
+                ),
+                "bp filter": (
+                    median_ms(ours[2], x, dy, repeats=args.repeats),
+                    median_ms(peer[2], x, f, dy, repeats=args.repeats),
+                    nbytes(x, dy, f),
+                ),
             }
-            torch_ms = (torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name,
-                                    args.repeats) if torch is not None else None)
+            torch_ms = (
+                torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, args.repeats)
+                if torch is not None
+                else None
+            )
             for j, (direction, (mine, lax_ms, moved)) in enumerate(timed.items()):
                 copy, copy_args = roofline(moved)
                 roof = median_ms(copy, *copy_args, repeats=args.repeats)

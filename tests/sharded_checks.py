@@ -1,0 +1,149 @@
+"""Sharding checks, run by tests/test_sharding.py in a subprocess with 8 CPU devices.
+
+    python tests/sharded_checks.py {batch,channel,spatial,train_step}
+
+Each check compares every op's sharded result with the unsharded one and inspects
+the compiled HLO for collectives. It exits non-zero with a message on the first
+failure. (A subprocess, because the device count is fixed when JAX starts.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def main(check: str) -> None:
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 8)
+    jax.config.update("jax_enable_x64", False)
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxgrad
+
+    assert len(jax.devices()) == 8, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return jnp.asarray(rng.normal(size=shape).astype(np.float32))
+
+    x, dy_up = arr(8, 16, 16, 8), arr(8, 32, 32, 8)
+    f, dy_conv = arr(3, 3, 8, 2), arr(8, 16, 16, 16)
+    conv_kw = dict(strides=(1, 1), padding="SAME")
+
+    def conv(x, f):
+        return jaxgrad.depthwise_conv2d(x, f, **conv_kw)
+
+    def conv_grads(x, f, g):
+        return jax.vjp(conv, x, f)[1](g)
+
+    def resample_vjp(x, g):
+        return jax.vjp(lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear"), x)[1](g)[0]
+
+    # name: (function, arguments, whether its compiled form may hold one all-reduce when
+    # the batch is sharded: the filter gradient sums over the batch)
+    ops = {
+        "relu": (jaxgrad.relu, (x,), False),
+        "relu_grad": (jaxgrad.relu_grad, (x, x), False),
+        "relu vjp": (lambda x, g: jax.vjp(jaxgrad.relu, x)[1](g)[0], (x, x), False),
+        "resample": (lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear"), (x,), False),
+        "resample nearest": (lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1)), (x,), False),
+        "resample_grad": (
+            lambda g: jaxgrad.resample_grad(g, x.shape, (1, 2, 2, 1), mode="linear"),
+            (dy_up,),
+            False,
+        ),
+        "resample vjp": (resample_vjp, (x, dy_up), False),
+        "resize": (lambda x: jaxgrad.resize(x, (8, 24, 20, 8), mode="linear"), (x,), False),
+        "depthwise_conv2d": (conv, (x, f), False),
+        "backprop_input": (
+            lambda f, g: jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, g, **conv_kw),
+            (f, dy_conv),
+            False,
+        ),
+        "backprop_filter": (
+            lambda x, g: jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, g, **conv_kw),
+            (x, dy_conv),
+            True,
+        ),
+        "depthwise vjp": (conv_grads, (x, f, dy_conv), True),
+    }
+
+    def spec(a, axis):
+        """Shards an activation on ``axis``; filters ([3, 3, C, M]) follow the channels."""
+        if a.shape[:2] == (3, 3):
+            return P(None, None, "d", None) if axis == 3 else P()
+        parts = [None] * a.ndim
+        parts[axis] = "d"
+        return P(*parts)
+
+    def collectives(fn, args):
+        """Every collective instruction in the compiled HLO, one entry per occurrence."""
+        hlo = jax.jit(fn).lower(*args).compile().as_text()
+        return sorted(c for c in COLLECTIVES for _ in re.finditer(rf" {c}(-start)?\(", hlo))
+
+    def compare(name, fn, args, axis, tol):
+        expected = jax.jit(fn)(*args)
+        sharded = [jax.device_put(a, NamedSharding(mesh, spec(a, axis))) for a in args]
+        got = jax.jit(fn)(*sharded)
+        for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+            np.testing.assert_allclose(
+                np.asarray(g),
+                np.asarray(e),
+                rtol=tol,
+                atol=tol,
+                err_msg=f"{name} sharded on axis {axis}",
+            )
+        return sharded
+
+    if check in ("batch", "channel"):
+        axis = 0 if check == "batch" else 3
+        for name, (fn, args, reduces_batch) in ops.items():
+            sharded = compare(name, fn, args, axis, 1e-5)
+            found = collectives(fn, sharded)
+            allowed = ["all-reduce"] if (reduces_batch and check == "batch") else []
+            if found != allowed:
+                raise SystemExit(
+                    f"{name} sharded by {check}: collectives {found}, expected {allowed}"
+                )
+            print(f"ok {check:8} {name:18} collectives {found}")
+    elif check == "spatial":
+        # Sharding an axis that is resampled or convolved: halos and gathers cross
+        # devices, so collectives are allowed; the result must still be right.
+        for name, (fn, args, _) in ops.items():
+            compare(name, fn, args, 1, 1e-5)
+            print(f"ok spatial  {name}")
+    elif check == "train_step":
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+        import unet
+
+        key = jax.random.key(0)
+        params = unet.init_params(key)
+        opt = unet.adam_init(params)
+        noisy, clean = unet.make_batch(jax.random.key(1), 8, 32)
+        step = jax.jit(unet.train_step)
+        one = step(params, opt, noisy, clean)
+        rep, by_batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
+        many = step(
+            jax.device_put(params, rep),
+            jax.device_put(unet.adam_init(params), rep),
+            jax.device_put(noisy, by_batch),
+            jax.device_put(clean, by_batch),
+        )
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+        print("ok train step on 8 devices equals 1 device")
+    else:
+        raise SystemExit(f"unknown check {check!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,67 @@
+"""Every op sharded over 8 CPU devices equals the unsharded result, with no collective
+beyond the filter gradient's all-reduce; and the training example runs sharded.
+
+JAX fixes its device count at start-up, so each check runs in a subprocess.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize("check", ["batch", "channel", "spatial", "train_step"])
+def test_sharded(check):
+    result = run("tests/sharded_checks.py", check)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok" in result.stdout
+
+
+def test_train_example_smoke(tmp_path):
+    result = run(
+        "examples/train.py",
+        "--steps",
+        "60",
+        "--batch-size",
+        "8",
+        "--image-size",
+        "16",
+        "--cpu-devices",
+        "8",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "8 x cpu" in result.stdout
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    assert (tmp_path / "samples.png").stat().st_size > 0
+
+
+def test_train_example_fails_when_the_loss_does_not_halve(tmp_path):
+    # Two steps cannot halve the loss: the script must say so and exit 1.
+    result = run(
+        "examples/train.py",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "8",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "did not fall by half" in result.stdout
