@@ -418,8 +418,7 @@ def _check_rank(op: str, name: str, shape: Sequence[int]) -> None:
 
 
 def _sizes(op: str, name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, jax.Array):
-        value = tuple(value.tolist())
+    # Shapes are static in JAX: a sequence of ints such as x.shape, never a traced array.
     values = _checks.int_tuple(op, name, value)
     if len(values) != 4 or min(values) < 0:
         raise ValueError(f"{op}: {name} must be 4 non-negative ints, got {values}")

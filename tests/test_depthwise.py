@@ -555,6 +555,11 @@ bpf = jaxgrad.depthwise_conv2d_backprop_filter
             "depthwise_conv2d_backprop_input: out_backprop must have rank 4",
         ),
         (
+            lambda: bpi(jnp.array([1, 5, 5, 2]), F, DY, (1, 1), "SAME"),
+            TypeError,
+            "depthwise_conv2d_backprop_input: input_sizes must be a sequence of ints",
+        ),
+        (
             lambda: bpi("1552", F, DY, (1, 1), "SAME"),
             TypeError,
             "depthwise_conv2d_backprop_input: input_sizes must be a sequence of ints",
