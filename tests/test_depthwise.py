@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, TOLERANCE, transformed
+from conftest import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, transformed
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -223,9 +223,14 @@ CASES = [
 ]
 
 
+# Every case, format and dtype under jit; the first case also eagerly and under vmap
+# (eager mode dispatches each tap separately, which makes the full grid slow).
+TRANSFORM_GRID = [(CASES[0], t) for t in TRANSFORMS] + [(case, "jit") for case in CASES[1:]]
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("case", "transform"), TRANSFORM_GRID)
 def test_dtypes_formats_and_transforms(case, data_format, dtype, transform):
     cfg = make_cfg(*case)
     x, f, dy = random_operands(cfg, 0)
@@ -279,23 +284,28 @@ def test_check_grads_all_three(case, data_format):
     x, dy = jnp.asarray(layout(x)), jnp.asarray(layout(dy))
     f = jnp.asarray(f)
     strides, padding, kw = op_kwargs(cfg, data_format)
+    # Jitted, so that the many evaluations of finite differences compile once.
     check_grads(
-        lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw),
+        jax.jit(lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw)),
         (x, f),
         order=2,
         modes=["rev"],
     )
     check_grads(
-        lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
-            x.shape, f, dy, strides, padding, **kw
+        jax.jit(
+            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+                x.shape, f, dy, strides, padding, **kw
+            )
         ),
         (f, dy),
         order=2,
         modes=["rev"],
     )
     check_grads(
-        lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
-            x, f.shape, dy, strides, padding, **kw
+        jax.jit(
+            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+                x, f.shape, dy, strides, padding, **kw
+            )
         ),
         (x, dy),
         order=2,
