@@ -77,11 +77,9 @@ def torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, repeats):
     w = torch.tensor(
         np.ascontiguousarray(np.transpose(f_np.reshape(fh, fw, c * m), (2, 0, 1))[:, None])
     ).to(dtype)
+    # PyTorch pads symmetrically, while SAME with stride 2 on an even size pads one
+    # pixel more after. The work is what is compared, so symmetric padding is used.
     pad = ((fh - 1) // 2, (fw - 1) // 2)
-    if stride != 1 or fh % 2 == 0:
-        # PyTorch pads symmetrically; SAME with stride 2 on an even size pads one
-        # more after. The cost is what is compared, so symmetric padding is used.
-        pass
     F, aten = torch.nn.functional, torch.ops.aten
     with torch.no_grad():
         fwd = median_ms(lambda: F.conv2d(x, w, None, stride, pad, 1, c), repeats=repeats)
