@@ -8,8 +8,13 @@ milliseconds move from run to run on a shared machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
+import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,7 +68,7 @@ class Row:
     case: str
     impl: str
     ms: float
-    roofline_ms: float
+    baseline_ms: float
     peers: dict[str, float] = field(default_factory=dict)
 
 
@@ -76,8 +81,8 @@ class Table:
         self.peer_names = list(peer_names)
         self.rows: list[Row] = []
 
-    def add(self, case: str, impl: str, ms: float, roofline_ms: float, **peers: float) -> None:
-        self.rows.append(Row(case, impl, ms, roofline_ms, peers))
+    def add(self, case: str, impl: str, ms: float, baseline_ms: float, **peers: float) -> None:
+        self.rows.append(Row(case, impl, ms, baseline_ms, peers))
         print(f"  {case:<44} {impl:<22} {ms:9.2f} ms", flush=True)
 
     def render(self) -> str:
@@ -91,7 +96,7 @@ class Table:
             "|" + "---|" * len(header),
         ]
         for r in self.rows:
-            cells = [r.case, r.impl, f"{r.ms:.2f}", f"{r.ms / r.roofline_ms:.2f}"]
+            cells = [r.case, r.impl, f"{r.ms:.2f}", f"{r.ms / r.baseline_ms:.2f}"]
             for p in self.peer_names:
                 cells.append(f"{r.ms / r.peers[p]:.2f}" if p in r.peers else "")
             lines.append("| " + " | ".join(cells) + " |")
@@ -105,13 +110,43 @@ class Table:
             lines.append(f"x {self.baseline}: time over the {self.baseline} time in this run.")
         return "\n".join(lines)
 
+    def to_json(self) -> dict[str, Any]:
+        """The table as data (for docs/make_figures.py), with the machine it ran on."""
+        return {
+            "title": self.title,
+            "baseline": self.baseline,
+            "peers": self.peer_names,
+            "machine": machine(),
+            "command": " ".join(["python", *sys.argv]),
+            "rows": [_rounded(dataclasses.asdict(r)) for r in self.rows],
+        }
+
+
+def _rounded(tree: Any) -> Any:
+    """Milliseconds to the microsecond: more digits are noise, and noise in the docs' diffs."""
+    return jax.tree_util.tree_map(lambda v: round(v, 3) if isinstance(v, float) else v, tree)
+
+
+def machine() -> dict[str, Any]:
+    """Where and with what a table was measured: versions, cores, date."""
+    devices = jax.devices()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_cores": _cpu_count(),
+        "devices": f"{len(devices)} x {devices[0].device_kind}",
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "numpy": np.__version__,
+        "torch": _torch_version(),
+    }
+
 
 def describe_machine() -> str:
-    devices = jax.devices()
+    m = machine()
     return (
-        f"{platform.processor() or platform.machine()}, {len(devices)} x "
-        f"{devices[0].device_kind}, jax {jax.__version__}, numpy {np.__version__}"
-        + (f", torch {_torch_version()}" if _torch_version() else ", torch not installed")
+        f"{m['processor']}, {m['cpu_cores']} cores, {m['devices']}, jax {m['jax']}, "
+        f"numpy {m['numpy']}, " + (f"torch {m['torch']}" if m["torch"] else "torch not installed")
     )
 
 
@@ -134,8 +169,6 @@ def torch_or_none() -> Any:
 
 
 def _cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -143,13 +176,20 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--repeats", type=int, default=9, help="timed calls per row (median taken)")
     p.add_argument("--out", default=None, help="also write the markdown table to this file")
+    p.add_argument(
+        "--json", default=None, help="also write the table as JSON (docs/make_figures.py reads it)"
+    )
     return p
 
 
-def finish(table: Table, out: str | None) -> None:
+def finish(table: Table, args: argparse.Namespace) -> None:
     text = table.render()
     print()
     print(text)
-    if out:
-        with open(out, "w") as f:
+    if args.out:
+        with open(args.out, "w") as f:
             f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table.to_json(), f, indent=1)
+            f.write("\n")

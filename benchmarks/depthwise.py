@@ -146,7 +146,7 @@ def main() -> None:
                     peers["torch"] = torch_ms[j]
                     table.add(case, "torch", torch_ms[j], roof)
                 table.add(case, "jaxgrad", mine, roof, **peers)
-    finish(table, args.out)
+    finish(table, args)
 
 
 if __name__ == "__main__":

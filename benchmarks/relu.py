@@ -41,7 +41,7 @@ def main() -> None:
     table.add(case, "roofline (copy)", roof, roof)
     table.add(case, "jax.nn.relu", peer, roof, **{"jax.nn.relu": peer})
     table.add(case, "jaxgrad.relu", ours, roof, **{"jax.nn.relu": peer})
-    finish(table, args.out)
+    finish(table, args)
 
 
 if __name__ == "__main__":

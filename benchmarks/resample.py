@@ -102,7 +102,7 @@ def main() -> None:
                     if torch_ms is not None:
                         table.add(case, "torch", torch_ms[j], roof)
                     table.add(case, "jaxgrad", ours, roof, **peers)
-    finish(table, args.out)
+    finish(table, args)
 
 
 if __name__ == "__main__":

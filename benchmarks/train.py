@@ -83,7 +83,7 @@ def main() -> None:
             f"  jaxgrad: {images:.0f} images/s; stock: "
             f"{args.batch_size / (times['stock'] / 1e3):.0f} images/s"
         )
-    finish(table, args.out)
+    finish(table, args)
 
 
 def argparse_hidden() -> str:

@@ -169,8 +169,8 @@ def resample_grad(
       output_pixel_offsets: as given to ``resample``.
 
     Returns:
-      The gradient with respect to ``resample``'s input: shape ``input_shape``,
-      dtype of ``dy``.
+      The gradient with respect to ``resample``'s input, with shape
+      ``input_shape`` and the dtype of ``dy``.
 
     Raises:
       TypeError: ``dy`` is not a floating array.

@@ -1,0 +1,29 @@
+"""The pages' examples run as a user would run them: under JAX's default configuration.
+
+tests/conftest.py turns on float64 and strict promotion for the whole pytest process;
+the doctests in these pages show what a user sees by default (float32 results), so
+each runs with the defaults restored.
+"""
+
+import jax
+import pytest
+
+# The Python files here are the site's tooling, not documentation with examples (and a
+# second module named conftest would clash with tests/conftest.py on import).
+collect_ignore = ["conftest.py", "conf.py", "make_figures.py"]
+
+JAX_DEFAULTS = {
+    "jax_enable_x64": False,
+    "jax_numpy_rank_promotion": "allow",
+    "jax_numpy_dtype_promotion": "standard",
+}
+
+
+@pytest.fixture(autouse=True)
+def jax_defaults():
+    saved = {name: getattr(jax.config, name) for name in JAX_DEFAULTS}
+    for name, value in JAX_DEFAULTS.items():
+        jax.config.update(name, value)
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)

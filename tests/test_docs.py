@@ -1,0 +1,89 @@
+"""The documentation site: API reference coverage, figures, tables and links.
+
+The strict Sphinx build itself is the last step of the README's test command; the
+pages' and docstrings' examples run as doctests (pyproject.toml).
+"""
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+
+import jaxgrad
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+PAGES = sorted(p for p in DOCS.glob("*.md") if p.name != "README.md")
+
+
+def make_figures():
+    spec = importlib.util.spec_from_file_location("make_figures", DOCS / "make_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_public_name_is_in_the_api_reference():
+    documented = re.findall(
+        r"^\.\. autofunction:: jaxgrad\.(\w+)$", (DOCS / "api.md").read_text(), re.M
+    )
+    missing = sorted(set(jaxgrad.__all__) - set(documented))
+    assert not missing, f"docs/api.md lacks an autofunction entry for {missing}"
+    unknown = sorted(set(documented) - set(jaxgrad.__all__))
+    assert not unknown, f"docs/api.md documents names not in jaxgrad.__all__: {unknown}"
+    assert len(documented) == len(set(documented)), "docs/api.md documents a name twice"
+
+
+def test_every_page_is_in_a_table_of_contents():
+    index = (DOCS / "index.md").read_text()
+    listed = set(re.findall(r"^(\w+)$", index, re.M))
+    assert {p.stem for p in PAGES} - {"index"} <= listed
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_point_to_existing_files(page):
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+        assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+# The training page shows what the main job writes: python examples/train.py --out docs/images
+TRAINING_OUTPUTS = {"loss.png", "samples.png"}
+
+
+def test_every_image_shown_exists_and_is_made_by_a_script():
+    shown = {
+        pathlib.Path(target).name
+        for page in PAGES
+        for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
+    }
+    for name in shown:
+        assert (DOCS / "images" / name).exists(), f"docs/images/{name} is not committed"
+    made = set(make_figures().figures())
+    drawn = shown - TRAINING_OUTPUTS
+    assert drawn <= made, f"pages show images no script makes: {sorted(drawn - made)}"
+    assert made <= drawn, f"figures no page shows: {sorted(made - drawn)}"
+
+
+def test_figure_script_draws_every_figure(tmp_path):
+    written = make_figures().write_figures(tmp_path)
+    assert sorted(p.name for p in written) == sorted(make_figures().figures())
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path.name
+        assert path.stat().st_size > 5_000, f"{path.name} looks empty"
+
+
+def test_performance_tables_match_the_benchmark_json():
+    module = make_figures()
+    text = module.PERFORMANCE_PAGE.read_text()
+    tables = re.findall(r"<!-- table: (\w+) -->", text)
+    assert sorted(tables) == sorted(module.BENCHMARKS)
+    assert module.performance_page(text) == text, (
+        "docs/performance.md is stale: run python docs/make_figures.py"
+    )
+
+
+def test_readme_links_to_the_site_and_keeps_its_commands():
+    readme = (DOCS.parent / "README.md").read_text()
+    assert "docs/index.md" in readme
+    ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci in readme, ".ci/run must run exactly the README's test command"
