@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, transformed
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jax import lax

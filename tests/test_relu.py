@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, transformed
+from helpers import FLOAT_DTYPES, transformed
 from jax.test_util import check_grads
 
 import jaxgrad

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FLOAT_DTYPES, TOLERANCE, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import transformed
+from helpers import transformed
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.test_util import check_grads
