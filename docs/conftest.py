@@ -8,9 +8,8 @@ each runs with the defaults restored.
 import jax
 import pytest
 
-# The Python files here are the site's tooling, not documentation with examples (and a
-# second module named conftest would clash with tests/conftest.py on import).
-collect_ignore = ["conftest.py", "conf.py", "make_figures.py"]
+# The Python files here are the site's tooling, not documentation with examples.
+collect_ignore = ["conf.py", "make_figures.py"]
 
 JAX_DEFAULTS = {
     "jax_enable_x64": False,
