@@ -87,3 +87,4 @@ def test_readme_links_to_the_site_and_keeps_its_commands():
     assert "docs/index.md" in readme
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in readme, ".ci/run must run exactly the README's test command"
+    assert ci in (DOCS / "index.md").read_text(), "the getting-started page shows the same command"
