@@ -323,36 +323,38 @@ def _taps(axis: Axis, transpose: bool) -> _Taps:
     return _by_rows(cols[order], rows[order], weights[order], axis.n_in, axis.n_out)
 
 
-def _gatherable(x: jax.Array) -> jax.Array:
-    """The array the first gathers read: bfloat16 as its raw 16-bit patterns.
+def _as_bits(x: jax.Array) -> jax.Array:
+    """bfloat16 as its raw 16-bit patterns, for the gathers to read (other dtypes as is).
 
     XLA:CPU hoists a bfloat16 -> float32 convert above the gathers and materializes
     the widened array, tripling the memory traffic (measured on the 2x linear
-    gradient of [8, 32, 256, 256]: 48 ms, and about 30 ms this way). Gathering the bits and widening
-    each gathered value with a shift (exact: a bfloat16 is the top half of a
-    float32) keeps the read at two bytes per element.
+    gradient of [8, 32, 256, 256]: 48 ms, and about 30 ms this way). Gathering the
+    bits and widening each gathered value with a shift (exact: a bfloat16 is the top
+    half of a float32) keeps the read at two bytes per element.
     """
     return lax.bitcast_convert_type(x, jnp.uint16) if x.dtype == jnp.bfloat16 else x
 
 
-def _widen(v: jax.Array, dtype: Any) -> jax.Array:
-    """Gathered values in the compute dtype (undoing ``_gatherable``)."""
-    if v.dtype == jnp.uint16:
-        return lax.bitcast_convert_type(v.astype(jnp.uint32) << 16, jnp.float32)
-    return v.astype(dtype)
+def _widen_bits(v: jax.Array) -> jax.Array:
+    """Gathered bfloat16 bits (from ``_as_bits``) as float32, exactly."""
+    return lax.bitcast_convert_type(v.astype(jnp.uint32) << 16, jnp.float32)
 
 
-def _apply_taps(v: jax.Array, dim: int, taps: _Taps, dtype: Any) -> jax.Array:
+def _apply_taps(
+    v: jax.Array, dim: int, taps: _Taps, dtype: Any, *, bfloat16_bits: bool = False
+) -> jax.Array:
     """Applies one axis's tap tables along ``dim``: a few gathers, weighted and summed.
 
     The sum runs over the taps in table order, so it is the same on every run.
+    ``bfloat16_bits``: ``v`` holds bfloat16 bit patterns (``_as_bits``) to widen.
     """
     rows, k = taps.index.shape
     bcast = [1] * v.ndim
     bcast[dim] = rows
     terms = []
     for j in range(k):
-        term = _widen(jnp.take(v, taps.index[:, j], axis=dim, mode="clip"), dtype)
+        term = jnp.take(v, taps.index[:, j], axis=dim, mode="clip")
+        term = _widen_bits(term) if bfloat16_bits else term.astype(dtype)
         if not (taps.weights[:, j] == 1).all():
             term = term * jnp.asarray(taps.weights[:, j], dtype).reshape(bcast)
         if not taps.valid[:, j].all():
@@ -378,9 +380,11 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         return out
     # Anything that adds runs in float32 for half types and is rounded once.
     dtype = _checks.compute_dtype(x.dtype)
-    out = _gatherable(x)
-    for dim, taps in tables:
-        out = _apply_taps(out, dim, taps, dtype)
+    out = _as_bits(x)
+    for i, (dim, taps) in enumerate(tables):
+        # Only the first gathers read bits; they widen to float32 for the rest.
+        bits = i == 0 and x.dtype == jnp.bfloat16
+        out = _apply_taps(out, dim, taps, dtype, bfloat16_bits=bits)
     return out.astype(x.dtype)
 
 

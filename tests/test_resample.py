@@ -271,8 +271,15 @@ def test_half_precision_accumulates_in_float32(dtype):
     np.testing.assert_array_equal(np.asarray(half), np.asarray(full.astype(dtype)))
 
 
-@pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int32, jnp.bool_])
-def test_nearest_accepts_integers_and_bool(dtype):
+# Every integer width: uint16 once came back as float32, mistaken for bfloat16 bits.
+INTEGER_DTYPES = [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32, jnp.int64]
+
+
+@pytest.mark.parametrize("dtype", [*INTEGER_DTYPES, jnp.bool_, *FLOAT_DTYPES])
+def test_nearest_forward_is_an_exact_copy_in_every_dtype(dtype):
+    x = np.arange(12).reshape(3, 4) % 5
+    out = jaxgrad.resample(jnp.asarray(x, dtype), (2, 0.5))
+    assert out.dtype == dtype
     x = np.arange(12).reshape(3, 4) % 5
     out = jaxgrad.resample(jnp.asarray(x, dtype), (2, 0.5))
     assert out.dtype == dtype
