@@ -122,9 +122,16 @@ class Table:
         }
 
 
-def _rounded(tree: Any) -> Any:
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
     """Milliseconds to the microsecond: more digits are noise, and noise in the docs' diffs."""
-    return jax.tree_util.tree_map(lambda v: round(v, 3) if isinstance(v, float) else v, tree)
+    return {
+        key: round(value, 3)
+        if isinstance(value, float)
+        else {k: round(v, 3) for k, v in value.items()}
+        if isinstance(value, dict)
+        else value
+        for key, value in row.items()
+    }
 
 
 def machine() -> dict[str, Any]:
