@@ -1,8 +1,8 @@
 """Shared benchmark harness: warm up, block_until_ready, medians, ratios measured in one run.
 
-Every table row is timed in the same process, one after the other, so the ratios
-(against the roofline and against the peers) are what to read; the absolute
-milliseconds move from run to run on a shared machine.
+The implementations of one case (jaxgrad, its peers, the roofline copy) are timed
+in interleaved rounds in the same process, so the ratios between them are what to
+read; the absolute milliseconds move from run to run on a shared machine.
 """
 
 from __future__ import annotations
@@ -31,20 +31,29 @@ def _block(tree: Any) -> None:
             leaf.block_until_ready()
 
 
-def median_ms(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 9) -> float:
-    """Median wall time of ``fn(*args)`` in milliseconds, after ``warmup`` untimed calls.
+def interleaved_ms(
+    calls: dict[str, Callable[[], Any]], warmup: int = 2, repeats: int = 9
+) -> dict[str, float]:
+    """Median wall time in milliseconds of each zero-argument call, timed in rounds.
 
-    The first warm-up call compiles; results are blocked on so that the time covers
-    the computation and not just its dispatch.
+    Every call is first made ``warmup`` times untimed (the first compiles); results
+    are blocked on, so that a time covers the computation and not its dispatch.
+    Then each round times every call once, starting one further along each time, so that
+    every implementation sees the same stretch of machine noise: on a shared machine
+    a burst of load lasting seconds would otherwise land on whichever row happened
+    to be running, and the ratios between rows would report the burst.
     """
-    for _ in range(warmup):
-        _block(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _block(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    for call in calls.values():
+        for _ in range(warmup):
+            _block(call())
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            _block(calls[name]())
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 def roofline(nbytes: int) -> tuple[Callable[..., Any], tuple[jax.Array]]:

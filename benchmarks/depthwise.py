@@ -11,10 +11,12 @@ installed. The roofline copies as many bytes as the op must read and write.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import Table, finish, median_ms, nbytes, parser, roofline, torch_or_none
+from _harness import Table, finish, interleaved_ms, nbytes, parser, roofline, torch_or_none
 from jax import lax
 
 import jaxgrad
@@ -62,9 +64,9 @@ def lax_fns(fmt, c, m, stride):
     return fwd, bpi, bpf
 
 
-def torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, repeats):
-    """Forward, backprop input and backprop filter, each timed alone (NCHW tensors,
-    channels_last memory for NHWC)."""
+def torch_calls(torch, fmt, x_np, f_np, dy_np, stride, dtype_name):
+    """Forward, backprop input and backprop filter as zero-argument calls (NCHW
+    tensors, channels_last memory for NHWC)."""
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     fmt_memory = torch.channels_last if fmt == "NHWC" else torch.contiguous_format
 
@@ -81,16 +83,20 @@ def torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, repeats):
     # pixel more after. The work is what is compared, so symmetric padding is used.
     pad = ((fh - 1) // 2, (fw - 1) // 2)
     F, aten = torch.nn.functional, torch.ops.aten
-    with torch.no_grad():
-        fwd = median_ms(lambda: F.conv2d(x, w, None, stride, pad, 1, c), repeats=repeats)
-        args = (dy, x, w, None, [stride] * 2, list(pad), [1, 1], False, [0, 0], c)
-        bpi = median_ms(
-            lambda: aten.convolution_backward(*args, [True, False, False]), repeats=repeats
-        )
-        bpf = median_ms(
-            lambda: aten.convolution_backward(*args, [False, True, False]), repeats=repeats
-        )
-    return fwd, bpi, bpf
+    args = (dy, x, w, None, [stride] * 2, list(pad), [1, 1], False, [0, 0], c)
+
+    def no_grad(fn, *a):
+        def call():
+            with torch.no_grad():
+                return fn(*a)
+
+        return call
+
+    return {
+        "fwd": no_grad(F.conv2d, x, w, None, stride, pad, 1, c),
+        "bp input": no_grad(aten.convolution_backward, *args, [True, False, False]),
+        "bp filter": no_grad(aten.convolution_backward, *args, [False, True, False]),
+    }
 
 
 def main() -> None:
@@ -113,39 +119,34 @@ def main() -> None:
             dy = jnp.asarray(layout(dy_np), dtype)
             ours = jaxgrad_fns(fmt, x.shape, f.shape, stride)
             peer = lax_fns(fmt, c, m, stride)
-            timed = {
-                "fwd": (
-                    median_ms(ours[0], x, f, repeats=args.repeats),
-                    median_ms(peer[0], x, f, repeats=args.repeats),
-                    nbytes(x, f, dy),
-                ),
-                "bp input": (
-                    median_ms(ours[1], f, dy, repeats=args.repeats),
-                    median_ms(peer[1], x, f, dy, repeats=args.repeats),
-                    nbytes(f, dy, x),
-                ),
+            directions = {
+                # name: (jaxgrad call, lax call, bytes the op must move)
+                "fwd": (partial(ours[0], x, f), partial(peer[0], x, f), nbytes(x, f, dy)),
+                "bp input": (partial(ours[1], f, dy), partial(peer[1], x, f, dy), nbytes(f, dy, x)),
                 "bp filter": (
-                    median_ms(ours[2], x, dy, repeats=args.repeats),
-                    median_ms(peer[2], x, f, dy, repeats=args.repeats),
+                    partial(ours[2], x, dy),
+                    partial(peer[2], x, f, dy),
                     nbytes(x, dy, f),
                 ),
             }
-            torch_ms = (
-                torch_times(torch, fmt, x_np, f_np, dy_np, stride, dtype_name, args.repeats)
+            torch_ops = (
+                torch_calls(torch, fmt, x_np, f_np, dy_np, stride, dtype_name)
                 if torch is not None
-                else None
+                else {}
             )
-            for j, (direction, (mine, lax_ms, moved)) in enumerate(timed.items()):
+            for direction, (mine, lax_call, moved) in directions.items():
                 copy, copy_args = roofline(moved)
-                roof = median_ms(copy, *copy_args, repeats=args.repeats)
+                calls = {"roofline": partial(copy, *copy_args), "lax": lax_call, "jaxgrad": mine}
+                if direction in torch_ops:
+                    calls["torch"] = torch_ops[direction]
+                ms = interleaved_ms(calls, repeats=args.repeats)
+                roof = ms["roofline"]
                 case = f"{direction} {name} {dtype_name}"
-                peers = {"lax": lax_ms}
+                peers = {p: ms[p] for p in PEERS if p in ms}
                 table.add(case, "roofline (copy)", roof, roof)
-                table.add(case, "lax", lax_ms, roof)
-                if torch_ms is not None:
-                    peers["torch"] = torch_ms[j]
-                    table.add(case, "torch", torch_ms[j], roof)
-                table.add(case, "jaxgrad", mine, roof, **peers)
+                for p, peer_ms in peers.items():
+                    table.add(case, p, peer_ms, roof)
+                table.add(case, "jaxgrad", ms["jaxgrad"], roof, **peers)
     finish(table, args)
 
 

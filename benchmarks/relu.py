@@ -9,10 +9,12 @@ write y and dx, 4 x 64 MiB.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import Table, finish, median_ms, nbytes, parser, roofline
+from _harness import Table, finish, interleaved_ms, nbytes, parser, roofline
 
 import jaxgrad
 
@@ -32,9 +34,15 @@ def main() -> None:
     x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
     g = jnp.asarray(rng.normal(size=shape).astype(np.float32))
     copy, copy_args = roofline(2 * nbytes(x, g))
-    roof = median_ms(copy, *copy_args, repeats=args.repeats)
-    peer = median_ms(forward_backward(jax.nn.relu), x, g, repeats=args.repeats)
-    ours = median_ms(forward_backward(jaxgrad.relu), x, g, repeats=args.repeats)
+    ms = interleaved_ms(
+        {
+            "roofline": partial(copy, *copy_args),
+            "jax.nn.relu": partial(forward_backward(jax.nn.relu), x, g),
+            "jaxgrad": partial(forward_backward(jaxgrad.relu), x, g),
+        },
+        repeats=args.repeats,
+    )
+    roof, peer, ours = ms["roofline"], ms["jax.nn.relu"], ms["jaxgrad"]
 
     table = Table("relu forward + backward, 64 MiB float32", ["jax.nn.relu"])
     case = "relu fwd+bwd [16M] f32"

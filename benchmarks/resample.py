@@ -11,10 +11,12 @@ installed, with the same number of threads as XLA.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import Table, finish, median_ms, nbytes, parser, roofline, torch_or_none
+from _harness import Table, finish, interleaved_ms, nbytes, parser, roofline, torch_or_none
 
 import jaxgrad
 
@@ -40,7 +42,8 @@ def jax_image_fns(mode, out_shape):
     return fwd, bwd
 
 
-def torch_times(torch, mode, scale, x_np, dy_np, dtype_name, repeats):
+def torch_calls(torch, mode, scale, x_np, dy_np, dtype_name):
+    """PyTorch's forward and backward (CPU, F.interpolate) as zero-argument calls."""
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     kw = dict(scale_factor=scale, mode="bilinear" if mode == "linear" else "nearest-exact")
     if mode == "linear":
@@ -48,12 +51,14 @@ def torch_times(torch, mode, scale, x_np, dy_np, dtype_name, repeats):
     x = torch.tensor(x_np).to(dtype)
     dy = torch.tensor(dy_np).to(dtype)
     F = torch.nn.functional
-    with torch.no_grad():
-        fwd = median_ms(lambda: F.interpolate(x, **kw), repeats=repeats)
+
+    def fwd():
+        with torch.no_grad():
+            return F.interpolate(x, **kw)
+
     xg = x.clone().requires_grad_(True)
     y = F.interpolate(xg, **kw)
-    bwd = median_ms(lambda: torch.autograd.grad(y, xg, dy, retain_graph=True), repeats=repeats)
-    return fwd, bwd
+    return {"fwd": fwd, "bwd": lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)}
 
 
 def main() -> None:
@@ -72,36 +77,32 @@ def main() -> None:
                 dy_np = rng.normal(size=out_shape).astype(np.float32)
                 x, dy = jnp.asarray(x_np, dtype), jnp.asarray(dy_np, dtype)
                 fwd, bwd = jaxgrad_fns(mode, scale)
+                peer_fwd, peer_bwd = jax_image_fns(mode, out_shape)
                 # Both directions move |x| + |y| bytes; one roofline serves both.
                 copy, copy_args = roofline(nbytes(x, dy))
-                roof = median_ms(copy, *copy_args, repeats=args.repeats)
-                peer_fwd, peer_bwd = jax_image_fns(mode, out_shape)
-                times = {
-                    "fwd": (
-                        median_ms(fwd, x, repeats=args.repeats),
-                        median_ms(peer_fwd, x, repeats=args.repeats),
-                    ),
-                    "bwd": (
-                        median_ms(bwd, dy, repeats=args.repeats),
-                        median_ms(peer_bwd, x, dy, repeats=args.repeats),
-                    ),
+                calls = {
+                    "roofline": partial(copy, *copy_args),
+                    "fwd jaxgrad": partial(fwd, x),
+                    "fwd jax.image.resize": partial(peer_fwd, x),
+                    "bwd jaxgrad": partial(bwd, dy),
+                    "bwd jax.image.resize": partial(peer_bwd, x, dy),
                 }
-                torch_ms = (
-                    torch_times(torch, mode, scale, x_np, dy_np, dtype_name, args.repeats)
-                    if torch is not None
-                    else None
-                )
-                for j, direction in enumerate(("fwd", "bwd")):
-                    ours, image = times[direction]
-                    peers = {"jax.image.resize": image}
-                    if torch_ms is not None:
-                        peers["torch"] = torch_ms[j]
+                if torch is not None:
+                    peer = torch_calls(torch, mode, scale, x_np, dy_np, dtype_name)
+                    calls |= {"fwd torch": peer["fwd"], "bwd torch": peer["bwd"]}
+                ms = interleaved_ms(calls, repeats=args.repeats)
+                roof = ms["roofline"]
+                for direction in ("fwd", "bwd"):
                     case = f"{direction} {mode} x{scale} {dtype_name}"
+                    peers = {
+                        name: ms[f"{direction} {name}"]
+                        for name in PEERS
+                        if f"{direction} {name}" in ms
+                    }
                     table.add(case, "roofline (copy)", roof, roof)
-                    table.add(case, "jax.image.resize", image, roof)
-                    if torch_ms is not None:
-                        table.add(case, "torch", torch_ms[j], roof)
-                    table.add(case, "jaxgrad", ours, roof, **peers)
+                    for name, peer_ms in peers.items():
+                        table.add(case, name, peer_ms, roof)
+                    table.add(case, "jaxgrad", ms[f"{direction} jaxgrad"], roof, **peers)
     finish(table, args)
 
 

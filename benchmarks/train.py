@@ -15,8 +15,9 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
-from _harness import Table, finish, median_ms, parser
+from _harness import Table, finish, interleaved_ms, parser
 
 
 def worker(devices: int, batch: int, size: int, repeats: int) -> dict[str, float]:
@@ -34,12 +35,12 @@ def worker(devices: int, batch: int, size: int, repeats: int) -> dict[str, float
     by_batch = NamedSharding(mesh, PartitionSpec("batch"))
     params = jax.device_put(unet.init_params(jax.random.key(0)), rep)
     noisy, clean = jax.device_put(unet.make_batch(jax.random.key(1), batch, size), by_batch)
-    times = {}
+    opt = jax.device_put(unet.adam_init(params), rep)
+    calls = {}
     for name, ops in (("jaxgrad", unet.JAXGRAD), ("stock", unet.STOCK)):
         step = jax.jit(lambda p, o, x, y, ops=ops: unet.train_step(p, o, x, y, ops))
-        opt = jax.device_put(unet.adam_init(params), rep)
-        times[name] = median_ms(step, params, opt, noisy, clean, repeats=repeats)
-    return times
+        calls[name] = partial(step, params, opt, noisy, clean)
+    return interleaved_ms(calls, repeats=repeats)
 
 
 def main() -> None:
