@@ -38,10 +38,14 @@ def interleaved_ms(
 
     Every call is first made ``warmup`` times untimed (the first compiles); results
     are blocked on, so that a time covers the computation and not its dispatch.
-    Then each round times every call once, starting one further along each time, so that
-    every implementation sees the same stretch of machine noise: on a shared machine
-    a burst of load lasting seconds would otherwise land on whichever row happened
-    to be running, and the ratios between rows would report the burst.
+    Then each round times every call once, starting one further along each time, so
+    that every implementation sees the same stretch of machine noise: on a shared
+    machine a burst of load lasting seconds would otherwise land on whichever row
+    happened to be running, and the ratios between rows would report the burst.
+    Each timed call follows an untimed one of the same implementation, so it runs
+    in its steady state, as in a training loop: its caches warm and its thread pool
+    awake. (PyTorch's OpenMP threads go to sleep while XLA runs; timed cold, its
+    depthwise forward measured 4.1 ms instead of 1.4.)
     """
     for call in calls.values():
         for _ in range(warmup):
@@ -50,6 +54,7 @@ def interleaved_ms(
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
+            _block(calls[name]())  # settle: back to the steady state
             start = time.perf_counter()
             _block(calls[name]())
             times[name].append(time.perf_counter() - start)
