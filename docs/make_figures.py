@@ -43,7 +43,7 @@ BLUE, ORANGE, GREEN, GREY, RED = "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#d
 # --- Small drawing helpers ---------------------------------------------------------
 
 
-def draw_grid(ax, values, origin=(0.0, 0.0), *, fmt="{:g}", shade=None, color=BLUE, title=None):
+def draw_grid(ax, values, origin=(0.0, 0.0), *, fmt="{:g}", shade=None, color=BLUE):
     """Draw a 2-D array as labelled unit cells, row 0 on top; returns cell centres."""
     values = np.asarray(values)
     rows, cols = values.shape
@@ -59,8 +59,6 @@ def draw_grid(ax, values, origin=(0.0, 0.0), *, fmt="{:g}", shade=None, color=BL
             text = fmt.format(values[r, c]) if values[r, c] != 0 or shade[r, c] else ""
             ax.text(x + 0.5, y + 0.5, text, ha="center", va="center", fontsize=11)
             centres[r, c] = (x + 0.5, y + 0.5)
-    if title:
-        ax.text(x0 + cols / 2, y0 + rows + 0.25, title, ha="center", va="bottom", fontsize=10)
     return centres
 
 
