@@ -99,6 +99,20 @@ class Table:
         self.rows.append(Row(case, impl, ms, baseline_ms, peers))
         print(f"  {case:<44} {impl:<22} {ms:9.2f} ms", flush=True)
 
+    def add_case(
+        self,
+        case: str,
+        ours: float,
+        baseline: float,
+        peers: dict[str, float],
+        baseline_name: str = "roofline (copy)",
+    ) -> None:
+        """One case's rows: the baseline, each peer, then jaxgrad with its ratios."""
+        self.add(case, baseline_name, baseline, baseline)
+        for name, ms in peers.items():
+            self.add(case, name, ms, baseline)
+        self.add(case, "jaxgrad", ours, baseline, **peers)
+
     def render(self) -> str:
         header = ["case", "impl", "ms", f"x {self.baseline}", *[f"x {p}" for p in self.peer_names]]
         lines = [

@@ -143,10 +143,7 @@ def main() -> None:
                 roof = ms["roofline"]
                 case = f"{direction} {name} {dtype_name}"
                 peers = {p: ms[p] for p in PEERS if p in ms}
-                table.add(case, "roofline (copy)", roof, roof)
-                for p, peer_ms in peers.items():
-                    table.add(case, p, peer_ms, roof)
-                table.add(case, "jaxgrad", ms["jaxgrad"], roof, **peers)
+                table.add_case(case, ms["jaxgrad"], roof, peers)
     finish(table, args)
 
 

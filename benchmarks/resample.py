@@ -99,10 +99,7 @@ def main() -> None:
                         for name in PEERS
                         if f"{direction} {name}" in ms
                     }
-                    table.add(case, "roofline (copy)", roof, roof)
-                    for name, peer_ms in peers.items():
-                        table.add(case, name, peer_ms, roof)
-                    table.add(case, "jaxgrad", ms[f"{direction} jaxgrad"], roof, **peers)
+                    table.add_case(case, ms[f"{direction} jaxgrad"], roof, peers)
     finish(table, args)
 
 

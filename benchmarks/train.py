@@ -77,8 +77,7 @@ def main() -> None:
         ).stdout
         times = json.loads(out.strip().splitlines()[-1])
         case = f"train step, {devices} CPU device{'s' if devices > 1 else ''}"
-        table.add(case, "stock JAX", times["stock"], times["stock"])
-        table.add(case, "jaxgrad", times["jaxgrad"], times["stock"])
+        table.add_case(case, times["jaxgrad"], times["stock"], {}, baseline_name="stock JAX")
         images = args.batch_size / (times["jaxgrad"] / 1e3)
         print(
             f"  jaxgrad: {images:.0f} images/s; stock: "

@@ -65,8 +65,9 @@ def test_every_image_shown_exists_and_is_made_by_a_script():
 
 
 def test_figure_script_draws_every_figure(tmp_path):
-    written = make_figures().write_figures(tmp_path)
-    assert sorted(p.name for p in written) == sorted(make_figures().figures())
+    module = make_figures()
+    written = module.write_figures(tmp_path)
+    assert sorted(p.name for p in written) == sorted(module.figures())
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path.name
         assert path.stat().st_size > 5_000, f"{path.name} looks empty"
