@@ -362,6 +362,55 @@ def test_four_int_and_two_int_forms_agree():
     np.testing.assert_array_equal(a, b)
 
 
+# NHWC with multiplier 1 gathers its windows (clamped positions, masked to zero);
+# the other layouts slice them out of a padded copy. Both must read padding as 0.
+READ_STRATEGIES = pytest.mark.parametrize(
+    ("data_format", "m"), [("NHWC", 1), ("NHWC", 2), ("NCHW", 1)]
+)
+
+
+def run_all_three(cfg, data_format, x, f, dy):
+    """The three ops on NHWC float64 operands, laid out as data_format; NHWC results."""
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    layout = to_nchw if data_format == "NCHW" else (lambda a: a)
+    back = from_nchw if data_format == "NCHW" else (lambda a: a)
+    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
+    dx = jaxgrad.depthwise_conv2d_backprop_input(
+        layout(x).shape, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    df = jaxgrad.depthwise_conv2d_backprop_filter(
+        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    return back(np.asarray(y)), back(np.asarray(dx)), np.asarray(df)
+
+
+@READ_STRATEGIES
+def test_padding_reads_zero_next_to_inf_and_nan(data_format, m):
+    # A gathered window clamps its padding positions onto the edge pixels. Those
+    # hold inf and NaN here: if the mask came after the product, or not at all,
+    # they would leak into outputs whose windows only touch the padding.
+    cfg = make_cfg((2, 5, 6, 3), (3, 3, 3, m), (1, 2), (1, 1), "EXPLICIT", ((2, 1), (1, 2)))
+    x, f, dy = random_operands(cfg, 4)
+    x[0, 0, 0, 0], x[1, -1, -1, 2], x[0, 0, -1, 1] = np.inf, np.nan, -np.inf
+    y, _, _ = run_all_three(cfg, data_format, x, f, dy)
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    dy[0, 0, 0, 0], dy[1, -1, -1, -1] = np.inf, np.nan
+    _, dx, _ = run_all_three(cfg, data_format, x, f, dy)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+@READ_STRATEGIES
+def test_an_empty_input_reads_only_padding(data_format, m):
+    # Zero rows, and explicit padding wide enough for outputs: every window lies
+    # wholly in the padding.
+    cfg = make_cfg((2, 0, 4, 3), (2, 1, 3, m), (1, 1), (1, 1), "EXPLICIT", ((2, 1), (0, 0)))
+    x, f, dy = random_operands(cfg, 5)
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy)
+    assert y.shape == (2, 2, 4, 3 * m) and not y.any()
+    assert dx.shape == (2, 0, 4, 3)
+    np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
+
+
 def test_same_puts_the_odd_pixel_after():
     # n = 4, k = 2, s = 1: need = 1, so before = 0 and after = 1 (bottom/right).
     x = jnp.arange(16.0).reshape(1, 4, 4, 1)
