@@ -525,7 +525,7 @@ def _slice_run(v: jax.Array, axis: int, run: range) -> jax.Array:
 
 def _gather_window(v: jax.Array, runs: Sequence[tuple[int, range]]) -> jax.Array:
     """``v`` at a run of positions along each of some axes, zero outside ``v``."""
-    outside = []
+    inside_masks = []
     for axis, run in runs:
         n = v.shape[axis]
         index = np.arange(run.start, run.stop, run.step)
@@ -541,9 +541,9 @@ def _gather_window(v: jax.Array, runs: Sequence[tuple[int, range]]) -> jax.Array
             v = jnp.take(v, np.clip(index, 0, n - 1), axis=axis, mode="clip")
         shape = [1] * v.ndim
         shape[axis] = len(index)
-        outside.append(inside.reshape(shape))
-    if outside:
-        v = jnp.where(functools.reduce(operator.and_, outside), v, jnp.zeros((), v.dtype))
+        inside_masks.append(inside.reshape(shape))
+    if inside_masks:
+        v = jnp.where(functools.reduce(operator.and_, inside_masks), v, jnp.zeros((), v.dtype))
     return v
 
 
