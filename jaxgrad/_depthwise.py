@@ -722,19 +722,19 @@ def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     # _TAPS_PER_FUSION taps per stack: more made the strided 5x5 case slower (table
     # above), and beyond 15 taps XLA:CPU copies out the gradient blocks they share.
     fh, fw = conv.kernel
+    reduced = (0, 5, 6) if conv.nchw else (0, 3, 4)
+
+    def kernel_rows_gradient(kernel_rows: range) -> jax.Array:
+        partial = jnp.stack(
+            [jnp.stack([tap_rows(di, dj) for dj in range(fw)], axis=1) for di in kernel_rows],
+            axis=1,
+        )
+        return jnp.sum(partial, axis=reduced)
+
     rows_per_stack = max(1, _TAPS_PER_FUSION // fw)
     grad = jnp.concatenate(
         [
-            jnp.sum(
-                jnp.stack(
-                    [
-                        jnp.stack([tap_rows(di, dj) for dj in range(fw)], axis=1)
-                        for di in range(top, min(top + rows_per_stack, fh))
-                    ],
-                    axis=1,
-                ),
-                axis=(0, 5, 6) if conv.nchw else (0, 3, 4),
-            )
+            kernel_rows_gradient(range(top, min(top + rows_per_stack, fh)))
             for top in range(0, fh, rows_per_stack)
         ]
     )

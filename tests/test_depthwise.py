@@ -145,6 +145,21 @@ def random_operands(cfg, seed):
     return x, f, dy
 
 
+def run_all_three(cfg, data_format, x, f, dy, four_ints=False):
+    """The three ops on NHWC float64 operands, laid out as data_format; NHWC results."""
+    strides, padding, kw = op_kwargs(cfg, data_format, four_ints)
+    layout = to_nchw if data_format == "NCHW" else (lambda a: a)
+    back = from_nchw if data_format == "NCHW" else (lambda a: a)
+    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
+    dx = jaxgrad.depthwise_conv2d_backprop_input(
+        layout(x).shape, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    df = jaxgrad.depthwise_conv2d_backprop_filter(
+        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
+    )
+    return back(np.asarray(y)), back(np.asarray(dx)), np.asarray(df)
+
+
 # ----------------------------------------------------------------------------------
 # Against the reference and the lax oracle
 # ----------------------------------------------------------------------------------
@@ -155,23 +170,9 @@ def random_operands(cfg, seed):
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.booleans(), st.integers(0, 2**31 - 1))
 def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
     x, f, dy = random_operands(cfg, seed)
-    strides, padding, kw = op_kwargs(cfg, data_format, four_ints)
-    nchw = data_format == "NCHW"
-    layout = to_nchw if nchw else (lambda a: a)
-    back = from_nchw if nchw else (lambda a: a)
-    x_sizes = layout(x).shape
-
-    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
-    np.testing.assert_allclose(back(np.asarray(y)), ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
-    dx = jaxgrad.depthwise_conv2d_backprop_input(
-        x_sizes, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
-    )
-    np.testing.assert_allclose(
-        back(np.asarray(dx)), ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10
-    )
-    df = jaxgrad.depthwise_conv2d_backprop_filter(
-        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
-    )
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy, four_ints)
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
@@ -367,21 +368,6 @@ def test_four_int_and_two_int_forms_agree():
 READ_STRATEGIES = pytest.mark.parametrize(
     ("data_format", "m"), [("NHWC", 1), ("NHWC", 2), ("NCHW", 1)]
 )
-
-
-def run_all_three(cfg, data_format, x, f, dy):
-    """The three ops on NHWC float64 operands, laid out as data_format; NHWC results."""
-    strides, padding, kw = op_kwargs(cfg, data_format)
-    layout = to_nchw if data_format == "NCHW" else (lambda a: a)
-    back = from_nchw if data_format == "NCHW" else (lambda a: a)
-    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
-    dx = jaxgrad.depthwise_conv2d_backprop_input(
-        layout(x).shape, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
-    )
-    df = jaxgrad.depthwise_conv2d_backprop_filter(
-        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
-    )
-    return back(np.asarray(y)), back(np.asarray(dx)), np.asarray(df)
 
 
 @READ_STRATEGIES
