@@ -131,8 +131,9 @@ def depthwise_conv2d_backprop_input(
       dx[b, p, r, k] = sum over (i, j, di, dj, q) with p = i*sh - top + di*dh and
           r = j*sw - left + dj*dw of out_backprop[b, i, j, k*M + q] * filter[di, dj, k, q]
 
-    It is computed as a fixed-order sum over taps of interior-padded products (no
-    scatter), so it is bitwise reproducible. Differentiable: the VJP with respect
+    Each residue class of input pixels modulo the stride is computed as a
+    fixed-order sum over the taps that reach it (no scatter), so the result is
+    bitwise reproducible. Differentiable: the VJP with respect
     to ``filter`` is ``depthwise_conv2d_backprop_filter(c, filter.shape,
     out_backprop)`` and with respect to ``out_backprop`` is
     ``depthwise_conv2d(c, filter)``.
@@ -476,45 +477,78 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: _Conv) -> jax.Array:
 
 # Every term of the three ops reads a shifted (strided, dilated) window of an array,
 # with zeros where the window leaves the array. A window is a run of positions per
-# spatial axis, a ``range``. Two ways to read one, chosen by layout (measured on
-# [8, 64, 64, 64] float32, padded form -> gathered form):
+# spatial axis, a ``range``. Two ways to read one:
 #
-# - Pad the array once and slice each window out of the padded copy. XLA:CPU never
-#   fuses a pad that several slices read, so this writes that copy first.
-# - Slice a window that lies inside the array; gather one that does not, with the
-#   positions clamped into the array, and mask the padding to zero. No copy, and
-#   for NHWC with multiplier 1, where each gathered pixel is a contiguous row of
-#   channels, the faster form: 3x3 forward 2.0-2.4 ms -> 1.5-1.9, stride 2
-#   1.5 -> 0.7, input gradient 2.0-2.3 -> 1.2-1.7 (a 5x5 forward is 15% slower,
-#   its gradients as fast or faster). Where the gathered axis is the minor one
-#   (NCHW), or a window is broadcast over a multiplier > 1, XLA:CPU gathers
-#   element by element or copies the gather out, and the padded form was 1.2-8x
-#   faster.
-Reader = Callable[[range, range], jax.Array]
+# - Gathered (NHWC): slice a window that lies inside the array; gather one that
+#   does not, with the positions clamped into the array, and mask the padding to
+#   zero. No copy of the array. Gathered windows stop XLA:CPU from vectorizing the
+#   whole loop, so each op cuts its output into blocks along both spatial axes
+#   (`_Reader.runs`): the large middle block, whose windows all lie inside, is
+#   pure slices, and only the thin border blocks gather; `_tile` concatenates the
+#   blocks back together.
+# - Padded (NCHW; and the strided input gradient, whose phases interleave): pad the
+#   array once and slice each window out of the padded copy. XLA:CPU never fuses a
+#   pad that several slices read, so this writes that copy first. With W the
+#   minor axis (NCHW), gathering it or concatenating blocks along it goes element
+#   by element: 2-3x slower than the copy.
+#
+# Measured on [8, 64, 64, 64] float32 NHWC, interleaved in one run, ms, before
+# (padded, or gathered without blocks for multiplier 1) -> after:
+#   forward          3x3 1.6-2.3 -> 1.3-1.7, 5x5 stride 2 M=2 5.6 -> 1.6,
+#                    3x3 M=2 5.5-7.5 -> 2.1-3.1, 5x5 5.0 -> 2.9
+#   input gradient   3x3 1.5-2.3 -> 1.1, 3x3 M=2 5.1 -> 1.9
+#   filter gradient  5x5 stride 2 M=2 6.9 -> 5.3, 3x3 M=2 9.9 -> 8.1
+# For the strided input gradient, blocks inside interleaved phases made the loop
+# slower instead (5x5 stride 2 M=2: 2.1 padded, 6.3 gathered in blocks).
+@dataclasses.dataclass(frozen=True)
+class _Reader:
+    """``reader(rows, cols)``: an array at those spatial positions, zero outside it."""
 
+    array: jax.Array  # 5-D; padded by ``pads`` unless gathered
+    axes: tuple[int, int]  # the spatial axes of ``array``
+    pads: tuple[tuple[int, int], ...]  # (before, after) per spatial axis
+    gathered: bool
 
-def _reader(v5: jax.Array, conv: _Conv, pads: Sequence[tuple[int, int]]) -> Reader:
-    """``read(rows, cols)``: ``v5`` at those spatial positions, zero outside ``v5``.
-
-    ``pads`` bounds how far outside (before, after) any window reaches, per axis.
-    """
-    axes = _spatial_axes(conv)
-    if not conv.nchw and conv.multiplier == 1:
-        return lambda rows, cols: _gather_window(v5, ((axes[0], rows), (axes[1], cols)))
-    config = [(0, 0, 0)] * 5
-    for axis, (before, after) in zip(axes, pads, strict=True):
-        config[axis] = (before, after, 0)
-    padded = lax.pad(v5, jnp.zeros((), v5.dtype), config)
-
-    def read(rows: range, cols: range) -> jax.Array:
-        window = padded
-        for axis, run, (before, _) in zip(axes, (rows, cols), pads, strict=True):
+    def __call__(self, rows: range, cols: range) -> jax.Array:
+        if self.gathered:
+            return _gather_window(self.array, tuple(zip(self.axes, (rows, cols), strict=True)))
+        window = self.array
+        for axis, run, (before, _) in zip(self.axes, (rows, cols), self.pads, strict=True):
             window = _slice_run(
                 window, axis, range(run.start + before, run.stop + before, run.step)
             )
         return window
 
-    return read
+    def runs(self, out: int, n: int, offsets: Sequence[int], stride: int) -> list[range]:
+        """The blocks of ``range(out)`` along one axis whose windows are all inside or not.
+
+        Output ``i`` reads positions ``i * stride + offset`` of an axis of length
+        ``n``. Gathered, the outputs are cut before and after those that read
+        inside for every offset (empty blocks left out); padded, nothing is cut.
+        """
+        if not self.gathered:
+            return [range(out)]
+        first = min(out, max(0, -(min(offsets) // stride)))
+        stop = min(out, max(first, (n - 1 - max(offsets)) // stride + 1))
+        runs = [run for run in (range(first), range(first, stop), range(stop, out)) if run]
+        return runs or [range(out)]  # out == 0: one empty block keeps the shape
+
+
+def _reader(
+    v5: jax.Array, conv: _Conv, pads: Sequence[tuple[int, int]], *, gather: bool
+) -> _Reader:
+    """A reader of windows of ``v5``, gathered or sliced from a padded copy.
+
+    ``pads`` bounds how far outside (before, after) any window reaches, per axis.
+    """
+    axes = _spatial_axes(conv)
+    pads = tuple(pads)
+    if gather:
+        return _Reader(v5, axes, pads, gathered=True)
+    config = [(0, 0, 0)] * 5
+    for axis, (before, after) in zip(axes, pads, strict=True):
+        config[axis] = (before, after, 0)
+    return _Reader(lax.pad(v5, jnp.zeros((), v5.dtype), config), axes, pads, gathered=False)
 
 
 def _slice_run(v: jax.Array, axis: int, run: range) -> jax.Array:
@@ -547,27 +581,40 @@ def _gather_window(v: jax.Array, runs: Sequence[tuple[int, range]]) -> jax.Array
     return v
 
 
-def _window(
-    read: Reader, di: int, dj: int, conv: _Conv, rows: tuple[int, int] | None = None
+def _tile(
+    block: Callable[[range, range], jax.Array],
+    row_runs: Sequence[range],
+    col_runs: Sequence[range],
+    conv: _Conv,
 ) -> jax.Array:
-    """The input pixels tap (di, dj) reads for every output pixel (strided, dilated).
+    """``block(rows, cols)`` for each pair of runs, concatenated into one array."""
+    h_axis, w_axis = _spatial_axes(conv)
+    return jnp.concatenate(
+        [
+            jnp.concatenate([block(rows, cols) for cols in col_runs], axis=w_axis)
+            for rows in row_runs
+        ],
+        axis=h_axis,
+    )
 
-    ``rows`` restricts the window to the output rows ``[first, last)``.
-    """
-    first, last = rows if rows is not None else (0, conv.out_size[0])
+
+def _window(read: _Reader, di: int, dj: int, conv: _Conv, rows: range, cols: range) -> jax.Array:
+    """The input pixels tap (di, dj) reads for the output pixels ``rows`` x ``cols``."""
     runs = [
-        range(t * d - before + lo * s, t * d - before + hi * s, s)
-        for t, s, d, (before, _), lo, hi in zip(
-            (di, dj),
-            conv.strides,
-            conv.dilations,
-            conv.pads,
-            (first, 0),
-            (last, conv.out_size[1]),
-            strict=True,
+        range(t * d - before + out.start * s, t * d - before + out.stop * s, s)
+        for t, s, d, (before, _), out in zip(
+            (di, dj), conv.strides, conv.dilations, conv.pads, (rows, cols), strict=True
         )
     ]
     return read(runs[0], runs[1])
+
+
+def _window_runs(read: _Reader, conv: _Conv, axis: int, taps: Sequence[int]) -> list[range]:
+    """``read.runs`` for the output positions along spatial ``axis`` (0 or 1), read
+    through the given taps."""
+    before, d = conv.pads[axis][0], conv.dilations[axis]
+    offsets = [t * d - before for t in taps]
+    return read.runs(conv.out_size[axis], conv.in_size[axis], offsets, conv.strides[axis])
 
 
 def _taps(conv: _Conv) -> list[tuple[int, int]]:
@@ -576,13 +623,27 @@ def _taps(conv: _Conv) -> list[tuple[int, int]]:
 
 def _forward(x: jax.Array, f: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    read = _reader(_five_d(x, conv, 1).astype(dtype), conv, conv.pads)
+    read = _reader(_five_d(x, conv, 1).astype(dtype), conv, conv.pads, gather=not conv.nchw)
     f = f.astype(dtype)
-    total = functools.reduce(
-        operator.add,
-        (_window(read, di, dj, conv) * _filter_tap(f, di, dj, conv) for di, dj in _taps(conv)),
-    )
-    return _four_d(total, conv).astype(x.dtype)
+
+    def block(rows: range, cols: range) -> jax.Array:
+        return functools.reduce(
+            operator.add,
+            (
+                _window(read, di, dj, conv, rows, cols) * _filter_tap(f, di, dj, conv)
+                for di, dj in _taps(conv)
+            ),
+        )
+
+    return _four_d(
+        _tile(
+            block,
+            _window_runs(read, conv, 0, range(conv.kernel[0])),
+            _window_runs(read, conv, 1, range(conv.kernel[1])),
+            conv,
+        ),
+        conv,
+    ).astype(x.dtype)
 
 
 def _phases(
@@ -622,8 +683,9 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     # of taps at shifts that do not depend on the pixel, so each class is a stride-1
     # shifted sum over the gradient, and the classes interleave back into place.
     # (Spreading the gradient with interior padding instead was 66x slower for 5x5
-    # stride 2: 178.6 ms against 2.69 ms, benchmarks/depthwise.py.) The multiplier
-    # is summed with explicit adds: no reduction, no scatter.
+    # stride 2: 178.6 ms against 2.69 ms, benchmarks/depthwise.py.) Each multiplier
+    # slice sums its taps, and the slices are summed with explicit adds: no
+    # reduction, no scatter.
     dtype = _checks.compute_dtype(dy.dtype)
     dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
     f = f.astype(dtype)
@@ -642,27 +704,36 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
         )
     ]
     (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
-    reads = [
-        _reader(lax.slice_in_dim(dy5, q, q + 1, axis=m_axis), conv, (h_pads, w_pads))
-        for q in range(conv.multiplier)
-    ]
-
-    def term(th: int, ch: int, tw: int, cw: int, q: int) -> jax.Array:
-        window = reads[q](range(ch, ch + rows), range(cw, cw + cols))
-        return window * _filter_tap(f[:, :, :, q : q + 1], th, tw, conv)
+    gather = not conv.nchw and conv.strides == (1, 1)
+    read = _reader(dy5, conv, (h_pads, w_pads), gather=gather)
 
     def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
-        terms = [
-            term(th, ch, tw, cw, q)
-            for th, ch in h_taps
-            for tw, cw in w_taps
-            for q in range(conv.multiplier)
-        ]
-        if not terms:  # no tap reaches this residue class
+        if not h_taps or not w_taps:  # no tap reaches this residue class
             shape = list(dy5.shape)
             shape[h_axis], shape[w_axis], shape[m_axis] = rows, cols, 1
             return jnp.zeros(shape, dtype)
-        return functools.reduce(operator.add, terms)
+
+        def block(block_rows: range, block_cols: range) -> jax.Array:
+            total = functools.reduce(
+                operator.add,
+                (
+                    read(
+                        range(ch + block_rows.start, ch + block_rows.stop),
+                        range(cw + block_cols.start, cw + block_cols.stop),
+                    )
+                    * _filter_tap(f, th, tw, conv)
+                    for th, ch in h_taps
+                    for tw, cw in w_taps
+                ),
+            )
+            return functools.reduce(
+                operator.add,
+                (lax.slice_in_dim(total, q, q + 1, axis=m_axis) for q in range(conv.multiplier)),
+            )
+
+        row_runs = read.runs(rows, conv.out_size[0], [c for _, c in h_taps], 1)
+        col_runs = read.runs(cols, conv.out_size[1], [c for _, c in w_taps], 1)
+        return _tile(block, row_runs, col_runs, conv)
 
     by_rows = [
         _interleave([phase(h, w) for w in w_phases], w_axis, conv.in_size[1]) for h in h_phases
@@ -692,20 +763,22 @@ _TAPS_PER_FUSION = 9
 
 def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    read = _reader(_five_d(x, conv, 1).astype(dtype), conv, conv.pads)
+    read = _reader(_five_d(x, conv, 1).astype(dtype), conv, conv.pads, gather=not conv.nchw)
     dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
-    row_axis = _spatial_axes(conv)[0]
+    row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
     block = -(-out_rows // _ROW_BLOCKS)
 
     def block_term(di: int, dj: int, first: int) -> jax.Array:
-        last = min(first + block, out_rows)
-        term = _window(read, di, dj, conv, (first, last)) * lax.slice_in_dim(
-            dy5, first, last, axis=row_axis
-        )
-        if last - first < block:  # the last block is short: pad it with zero rows
+        def product(rows: range, cols: range) -> jax.Array:
+            window = _window(read, di, dj, conv, rows, cols)
+            return window * _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols)
+
+        rows = range(first, min(first + block, out_rows))
+        term = _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
+        if len(rows) < block:  # the last block is short: pad it with zero rows
             config = [(0, 0, 0)] * 5
-            config[row_axis] = (0, block - (last - first), 0)
+            config[row_axis] = (0, block - len(rows), 0)
             term = lax.pad(term, jnp.zeros((), dtype), config)
         return term
 
