@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -29,6 +29,11 @@ from jaxgrad import _checks
 
 MODES = ("nearest", "linear")
 ROUNDINGS = ("half_up", "down", "up")
+
+# Cutting an axis into strided and edge runs (`_Taps.runs`): the shortest middle
+# run worth a block of its own, and the most blocks an op is cut into.
+_MIN_STRIDED_ROWS = 8
+_MAX_BLOCKS = 27
 
 
 # --------------------------------------------------------------------------------------
@@ -242,6 +247,51 @@ class _Taps:
     valid: np.ndarray  # [rows, K] bool
     n_cols: int
 
+    def rows(self, run: range) -> _Taps:
+        """The table of the rows ``run`` only."""
+        part = slice(run.start, run.stop)
+        return _Taps(self.index[part], self.weights[part], self.valid[part], self.n_cols)
+
+    def stride(self) -> int | None:
+        """``q`` when every row reads the previous row's columns shifted by ``q``
+        with the same weights, so that each tap is a strided slice; else None."""
+        if len(self.index) < 2:
+            return 1
+        steps = self.index[1:] - self.index[:-1]
+        q = int(steps[0, 0])
+        same = (
+            (steps == q).all()
+            and (self.weights[1:] == self.weights[:1]).all()
+            and (self.valid[1:] == self.valid[:1]).all()
+        )
+        return q if same and q > 0 else None
+
+    def runs(self) -> list[range]:
+        """The rows cut into at most three runs: a long middle run whose rows are
+        strided copies of each other (``stride``), and the edge rows around it."""
+        n = len(self.index)
+        steps = self.index[1:] - self.index[:-1]
+        like_previous = (
+            (steps == steps[:, :1]).all(axis=1)
+            & (steps[:, 0] > 0)
+            & (self.weights[1:] == self.weights[:-1]).all(axis=1)
+            & (self.valid[1:] == self.valid[:-1]).all(axis=1)
+        )
+        if n < 2:
+            return [range(n)]
+        # like_previous[r - 1]: row r continues row r - 1. The middle run is the
+        # longest stretch of rows that continue each other with one step.
+        best, start = (0, 0), 0
+        for r in range(1, n + 1):
+            if r == n or not like_previous[r - 1] or steps[r - 1, 0] != steps[start, 0]:
+                if r - start > best[1] - best[0]:
+                    best = (start, r)
+                start = r
+        first, stop = best
+        if stop - first < _MIN_STRIDED_ROWS:
+            return [range(n)]
+        return [run for run in (range(first), range(first, stop), range(stop, n)) if run]
+
     @property
     def is_identity(self) -> bool:
         rows = self.index.shape[0]
@@ -367,15 +417,27 @@ def _apply_taps(
     rows, k = taps.index.shape
     bcast = [1] * views[0].ndim
     bcast[dim] = rows
+    stride = taps.stride()
     terms = []
     for j in range(k):
-        term = jnp.take(views[j % len(views)], taps.index[:, j], axis=dim, mode="clip")
+        view = views[j % len(views)]
+        if stride is None:
+            term = jnp.take(view, taps.index[:, j], axis=dim, mode="clip")
+        elif not taps.valid[0, j]:
+            continue
+        else:  # every row reads ``stride`` further on: a strided slice, no gather
+            start = int(taps.index[0, j])
+            term = lax.slice_in_dim(view, start, start + stride * (rows - 1) + 1, stride, dim)
         term = _widen_bits(term) if bfloat16_bits else term.astype(dtype)
         if not (taps.weights[:, j] == 1).all():
             term = term * jnp.asarray(taps.weights[:, j], dtype).reshape(bcast)
         if not taps.valid[:, j].all():
             term = jnp.where(taps.valid[:, j].reshape(bcast), term, jnp.zeros((), dtype))
         terms.append(term)
+    if not terms:  # a strided table whose only taps are padding
+        shape = list(views[0].shape)
+        shape[dim] = rows
+        return jnp.zeros(shape, dtype)
     total = terms[0]
     for term in terms[1:]:
         total = total + term
@@ -388,20 +450,38 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     tables = [(dim, taps) for dim, taps in tables if not taps.is_identity]
     # Shrinking axes first keeps the intermediate arrays small.
     tables.sort(key=lambda item: item[1].index.shape[0] / x.shape[item[0]])
-    if all(taps.index.shape[1] == 1 and taps.weights.min() == 1 for _, taps in tables):
-        # A pure gather (nearest forward) is exact in any dtype, integers included.
-        out = x
-        for dim, taps in tables:
-            out = _apply_taps((out,), dim, taps, x.dtype)
-        return out
+    # A pure gather (nearest forward) is exact in any dtype, integers included.
     # Anything that adds runs in float32 for half types and is rounded once.
-    dtype = _checks.compute_dtype(x.dtype)
-    views = _bit_views(x)
-    for i, (dim, taps) in enumerate(tables):
-        # Only the first gathers read bits; they widen to float32 for the rest.
-        bits = i == 0 and x.dtype == jnp.bfloat16
-        views = (_apply_taps(views, dim, taps, dtype, bfloat16_bits=bits),)
-    return views[0].astype(x.dtype)
+    exact = all(taps.index.shape[1] == 1 and taps.weights.min() == 1 for _, taps in tables)
+    dtype = x.dtype if exact else _checks.compute_dtype(x.dtype)
+    bits = not exact and x.dtype == jnp.bfloat16
+
+    def block(runs: Sequence[range]) -> jax.Array:
+        views = (x,) if exact else _bit_views(x)
+        for i, ((dim, taps), run) in enumerate(zip(tables, runs, strict=True)):
+            # Only the first taps read bits; they widen to float32 for the rest.
+            views = (_apply_taps(views, dim, taps.rows(run), dtype, bfloat16_bits=bits and i == 0),)
+        return views[0]
+
+    runs = [taps.runs() for _, taps in tables]
+    if math.prod(len(r) for r in runs) > _MAX_BLOCKS:
+        runs = [[range(len(taps.index))] for _, taps in tables]
+    return _tile(block, [dim for dim, _ in tables], runs, ()).astype(x.dtype)
+
+
+def _tile(
+    block: Callable[[Sequence[range]], jax.Array],
+    dims: Sequence[int],
+    runs: Sequence[Sequence[range]],
+    chosen: tuple[range, ...],
+) -> jax.Array:
+    """``block`` of every combination of one run per axis, concatenated in place."""
+    if len(chosen) == len(runs):
+        return block(chosen)
+    axis = len(chosen)
+    return jnp.concatenate(
+        [_tile(block, dims, runs, (*chosen, run)) for run in runs[axis]], axis=dims[axis]
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
