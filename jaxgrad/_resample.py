@@ -252,38 +252,38 @@ class _Taps:
         part = slice(run.start, run.stop)
         return _Taps(self.index[part], self.weights[part], self.valid[part], self.n_cols)
 
+    def _continues(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row after the first: the step of its columns from the previous row,
+        and whether it is that row shifted by one positive step, weights equal."""
+        steps = (self.index[1:] - self.index[:-1])[:, 0]
+        continues = (
+            (self.index[1:] - self.index[:-1] == steps[:, None]).all(axis=1)
+            & (steps > 0)
+            & (self.weights[1:] == self.weights[:-1]).all(axis=1)
+            & (self.valid[1:] == self.valid[:-1]).all(axis=1)
+        )
+        return steps, continues
+
     def stride(self) -> int | None:
         """``q`` when every row reads the previous row's columns shifted by ``q``
         with the same weights, so that each tap is a strided slice; else None."""
         if len(self.index) < 2:
             return 1
-        steps = self.index[1:] - self.index[:-1]
-        q = int(steps[0, 0])
-        same = (
-            (steps == q).all()
-            and (self.weights[1:] == self.weights[:1]).all()
-            and (self.valid[1:] == self.valid[:1]).all()
-        )
-        return q if same and q > 0 else None
+        steps, continues = self._continues()
+        return int(steps[0]) if continues.all() and (steps == steps[0]).all() else None
 
     def runs(self) -> list[range]:
         """The rows cut into at most three runs: a long middle run whose rows are
         strided copies of each other (``stride``), and the edge rows around it."""
         n = len(self.index)
-        steps = self.index[1:] - self.index[:-1]
-        like_previous = (
-            (steps == steps[:, :1]).all(axis=1)
-            & (steps[:, 0] > 0)
-            & (self.weights[1:] == self.weights[:-1]).all(axis=1)
-            & (self.valid[1:] == self.valid[:-1]).all(axis=1)
-        )
         if n < 2:
             return [range(n)]
-        # like_previous[r - 1]: row r continues row r - 1. The middle run is the
+        steps, continues = self._continues()
+        # continues[r - 1]: row r continues row r - 1. The middle run is the
         # longest stretch of rows that continue each other with one step.
         best, start = (0, 0), 0
         for r in range(1, n + 1):
-            if r == n or not like_previous[r - 1] or steps[r - 1, 0] != steps[start, 0]:
+            if r == n or not continues[r - 1] or steps[r - 1] != steps[start]:
                 if r - start > best[1] - best[0]:
                     best = (start, r)
                 start = r
@@ -407,7 +407,8 @@ def _apply_taps(
     *,
     bfloat16_bits: bool = False,
 ) -> jax.Array:
-    """Applies one axis's tap tables along ``dim``: a few gathers, weighted and summed.
+    """Applies one axis's tap tables along ``dim``: a few gathers (strided slices when
+    the rows are strided copies, ``_Taps.stride``), weighted and summed.
 
     ``views`` are equal views of one array (see ``_bit_views``); tap ``j`` reads
     view ``j % len(views)``. The sum runs over the taps in table order, so it is
