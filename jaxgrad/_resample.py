@@ -451,14 +451,22 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     tables = [(dim, taps) for dim, taps in tables if not taps.is_identity]
     # Shrinking axes first keeps the intermediate arrays small.
     tables.sort(key=lambda item: item[1].index.shape[0] / x.shape[item[0]])
-    # A pure gather (nearest forward) is exact in any dtype, integers included.
+    # A pure gather (nearest forward, and a nearest gradient in which no two
+    # outputs read the same input) copies or zeroes each element: exact in any
+    # dtype, integers included. Half types are moved as 16-bit words, because
+    # XLA:CPU's own half-type gathers are slower (the 0.5x nearest gradient of
+    # [8, 32, 64, 64] bfloat16: 1.5-1.9 ms gathering bfloat16, 0.8 ms words).
     # Anything that adds runs in float32 for half types and is rounded once.
-    exact = all(taps.index.shape[1] == 1 and taps.weights.min() == 1 for _, taps in tables)
-    dtype = x.dtype if exact else _checks.compute_dtype(x.dtype)
+    exact = all(
+        taps.index.shape[1] == 1 and (taps.weights[taps.valid] == 1).all() for _, taps in tables
+    )
+    words = exact and x.dtype in (jnp.bfloat16, jnp.float16)
+    src = lax.bitcast_convert_type(x, jnp.uint16) if words else x
+    dtype = src.dtype if exact else _checks.compute_dtype(x.dtype)
     bits = not exact and x.dtype == jnp.bfloat16
 
     def block(runs: Sequence[range]) -> jax.Array:
-        views = (x,) if exact else _bit_views(x)
+        views = (src,) if exact else _bit_views(x)
         for i, ((dim, taps), run) in enumerate(zip(tables, runs, strict=True)):
             # Only the first taps read bits; they widen to float32 for the rest.
             views = (_apply_taps(views, dim, taps.rows(run), dtype, bfloat16_bits=bits and i == 0),)
@@ -467,7 +475,8 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     runs = [taps.runs() for _, taps in tables]
     if math.prod(len(r) for r in runs) > _MAX_BLOCKS:
         runs = [[range(len(taps.index))] for _, taps in tables]
-    return _tile(block, [dim for dim, _ in tables], runs, ()).astype(x.dtype)
+    out = _tile(block, [dim for dim, _ in tables], runs, ())
+    return lax.bitcast_convert_type(out, x.dtype) if words else out.astype(x.dtype)
 
 
 def _tile(

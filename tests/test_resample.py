@@ -286,6 +286,30 @@ def test_half_precision_accumulates_in_float32(dtype, in_shape, scales):
     )
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("scales", [(0.5, 0.5), (0.25, 1 / 3)])
+def test_half_precision_nearest_gradient_copies_words(dtype, scales):
+    # Shrinking, no two outputs read the same input: the nearest gradient only
+    # copies or zeroes each element, so it moves 16-bit words (no float32 at all)
+    # and keeps every value, specials and subnormals included.
+    rng = np.random.default_rng(4)
+    in_shape = (12, 12)
+    out_shape = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+    dy = rng.normal(size=out_shape)
+    dy.flat[:5] = [-0.0, np.inf, -np.inf, np.nan, 1e-40]
+    dy = jnp.asarray(dy, dtype)
+    f = lambda dy: jaxgrad.resample_grad(dy, in_shape, scales)  # noqa: E731
+    assert "f32" not in jax.jit(f).lower(dy).as_text()
+    half = f(dy)
+    assert half.dtype == dtype
+    expected = reference_resample_grad(
+        np.asarray(dy, np.float64), in_shape, scales, (0.5, 0.5), (-0.5, -0.5), "nearest", "half_up"
+    )
+    # Compared as float64, which holds every half value: NaN, infinities and
+    # subnormals (float32 arithmetic on this CPU flushes bfloat16's to zero).
+    np.testing.assert_array_equal(np.asarray(half, np.float64), expected)
+
+
 # Every integer width: uint16 once came back as float32, mistaken for bfloat16 bits.
 INTEGER_DTYPES = [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32, jnp.int64]
 
