@@ -306,7 +306,7 @@ def test_half_precision_nearest_gradient_copies_words(dtype, scales):
         np.asarray(dy, np.float64), in_shape, scales, (0.5, 0.5), (-0.5, -0.5), "nearest", "half_up"
     )
     # Compared as float64, which holds every half value: NaN, infinities and
-    # subnormals (float32 arithmetic on this CPU flushes bfloat16's to zero).
+    # subnormals (the float32 path turned bfloat16's subnormals into zeros).
     np.testing.assert_array_equal(np.asarray(half, np.float64), expected)
 
 
