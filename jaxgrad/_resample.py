@@ -453,15 +453,20 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     tables.sort(key=lambda item: item[1].index.shape[0] / x.shape[item[0]])
     # A pure gather (nearest forward, and a nearest gradient in which no two
     # outputs read the same input) copies or zeroes each element: exact in any
-    # dtype, integers included. Half types are moved as 16-bit words, because
-    # XLA:CPU's own half-type gathers are slower (the 0.5x nearest gradient of
-    # [8, 32, 64, 64] bfloat16: 1.5-1.9 ms gathering bfloat16, 0.8 ms words).
-    # Anything that adds runs in float32 for half types and is rounded once.
+    # dtype, integers included. Anything that adds runs in float32 for half types
+    # and is rounded once, inside each block's loop.
     exact = all(
         taps.index.shape[1] == 1 and (taps.weights[taps.valid] == 1).all() for _, taps in tables
     )
-    words = exact and x.dtype in (jnp.bfloat16, jnp.float16)
-    src = lax.bitcast_convert_type(x, jnp.uint16) if words else x
+    # Half types leave every block as 16-bit words. A pure gather moves words
+    # throughout, because XLA:CPU's own half-type gathers are slower (the 0.5x
+    # nearest gradient of [8, 32, 64, 64] bfloat16: 1.5-1.9 ms, 0.8 ms as words).
+    # A sum is bitcast to words once rounded, because XLA moves a convert past the
+    # concatenate that joins the blocks (which were then written and copied as
+    # float32) but not a bitcast (the bfloat16 2x linear gradient: 12.5-15.3 ms,
+    # 8.0-8.1 ms as words).
+    words = x.dtype in (jnp.bfloat16, jnp.float16)
+    src = lax.bitcast_convert_type(x, jnp.uint16) if exact and words else x
     dtype = src.dtype if exact else _checks.compute_dtype(x.dtype)
     bits = not exact and x.dtype == jnp.bfloat16
 
@@ -470,6 +475,8 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         for i, ((dim, taps), run) in enumerate(zip(tables, runs, strict=True)):
             # Only the first taps read bits; they widen to float32 for the rest.
             views = (_apply_taps(views, dim, taps.rows(run), dtype, bfloat16_bits=bits and i == 0),)
+        if words and not exact:
+            return lax.bitcast_convert_type(views[0].astype(x.dtype), jnp.uint16)
         return views[0]
 
     runs = [taps.runs() for _, taps in tables]

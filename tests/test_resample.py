@@ -287,6 +287,18 @@ def test_half_precision_accumulates_in_float32(dtype, in_shape, scales):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_blocks_are_joined_as_words(dtype):
+    # A blocked half-precision sum rounds each block in its own loop and joins the
+    # blocks as 16-bit words; joined as float32, XLA:CPU wrote and copied them in
+    # float32 (the bfloat16 2x linear gradient took twice as long).
+    dy = jnp.zeros((2, 32, 32), dtype)
+    f = lambda dy: jaxgrad.resample_grad(dy, (2, 16, 16), (1, 2, 2), mode="linear")  # noqa: E731
+    joins = [line for line in jax.jit(f).lower(dy).as_text().splitlines() if "concatenate" in line]
+    assert joins
+    assert all("ui16>" in line and "f32>" not in line for line in joins)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("scales", [(0.5, 0.5), (0.25, 1 / 3)])
 def test_half_precision_nearest_gradient_copies_words(dtype, scales):
     # Shrinking, no two outputs read the same input: the nearest gradient only
