@@ -470,31 +470,40 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     dtype = src.dtype if exact else _checks.compute_dtype(x.dtype)
     bits = not exact and x.dtype == jnp.bfloat16
 
-    def block(runs: Sequence[range]) -> jax.Array:
+    def block(runs: dict[int, range]) -> jax.Array:
         views = (src,) if exact else _bit_views(x)
-        for i, ((dim, taps), run) in enumerate(zip(tables, runs, strict=True)):
+        for i, (dim, taps) in enumerate(tables):
             # Only the first taps read bits; they widen to float32 for the rest.
-            views = (_apply_taps(views, dim, taps.rows(run), dtype, bfloat16_bits=bits and i == 0),)
+            part = taps.rows(runs[dim])
+            views = (_apply_taps(views, dim, part, dtype, bfloat16_bits=bits and i == 0),)
         if words and not exact:
             return lax.bitcast_convert_type(views[0].astype(x.dtype), jnp.uint16)
         return views[0]
 
-    runs = [taps.runs() for _, taps in tables]
-    if math.prod(len(r) for r in runs) > _MAX_BLOCKS:
-        runs = [[range(len(taps.index))] for _, taps in tables]
-    out = _tile(block, [dim for dim, _ in tables], runs, ())
+    runs = {dim: taps.runs() for dim, taps in tables}
+    if math.prod(len(r) for r in runs.values()) > _MAX_BLOCKS:
+        runs = {dim: [range(len(taps.index))] for dim, taps in tables}
+    # XLA:CPU does not fuse a concatenation along the minor (last) dimension, so
+    # that one goes outermost: the blocks fuse into the concatenations along the
+    # other axes and are copied once, not twice (the float32 2x linear gradient:
+    # 16.0-16.3 -> 14.0-14.5 ms). Not for half types: one loop joining several
+    # blocks reads the 16-bit view of the input in more than 15 ways, so XLA
+    # writes the view out first (the bfloat16 2x linear gradient: 7.1 -> 38.7 ms).
+    nesting = sorted(runs, reverse=not words)
+    out = _tile(block, nesting, [runs[dim] for dim in nesting], ())
     return lax.bitcast_convert_type(out, x.dtype) if words else out.astype(x.dtype)
 
 
 def _tile(
-    block: Callable[[Sequence[range]], jax.Array],
+    block: Callable[[dict[int, range]], jax.Array],
     dims: Sequence[int],
     runs: Sequence[Sequence[range]],
     chosen: tuple[range, ...],
 ) -> jax.Array:
-    """``block`` of every combination of one run per axis, concatenated in place."""
+    """``block`` of every combination of one run per axis, concatenated in place,
+    along ``dims[0]`` outermost."""
     if len(chosen) == len(runs):
-        return block(chosen)
+        return block(dict(zip(dims, chosen, strict=True)))
     axis = len(chosen)
     return jnp.concatenate(
         [_tile(block, dims, runs, (*chosen, run)) for run in runs[axis]], axis=dims[axis]
