@@ -486,7 +486,7 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     # XLA:CPU does not fuse a concatenation along the minor (last) dimension, so
     # that one goes outermost: the blocks fuse into the concatenations along the
     # other axes and are copied once, not twice (the float32 2x linear gradient:
-    # 16.0-16.3 -> 14.0-14.5 ms). Not for half types: one loop joining several
+    # 16.0-16.4 -> 13.7-14.5 ms). Not for half types: one loop joining several
     # blocks reads the 16-bit view of the input in more than 15 ways, so XLA
     # writes the view out first (the bfloat16 2x linear gradient: 7.1 -> 38.7 ms).
     nesting = sorted(runs, reverse=not words)
