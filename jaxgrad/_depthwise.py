@@ -479,18 +479,31 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: _Conv) -> jax.Array:
 # with zeros where the window leaves the array. A window is a run of positions per
 # spatial axis, a ``range``. Two ways to read one:
 #
-# - Gathered (NHWC): slice a window that lies inside the array; gather one that
-#   does not, with the positions clamped into the array, and mask the padding to
-#   zero. No copy of the array. Gathered windows stop XLA:CPU from vectorizing the
+# - Gathered: slice a window that lies inside the array; gather one that does
+#   not, with the positions clamped into the array, and mask the padding to zero.
+#   No copy of the array. Gathered windows stop XLA:CPU from vectorizing the
 #   whole loop, so each op cuts its output into blocks along both spatial axes
 #   (`_Reader.runs`): the large middle block, whose windows all lie inside, is
 #   pure slices, and only the thin border blocks gather; `_tile` concatenates the
 #   blocks back together.
-# - Padded (NCHW; and the strided input gradient, whose phases interleave): pad the
-#   array once and slice each window out of the padded copy. XLA:CPU never fuses a
-#   pad that several slices read, so this writes that copy first. With W the
-#   minor axis (NCHW), gathering it or concatenating blocks along it goes element
-#   by element: 2-3x slower than the copy.
+# - Padded (the strided input gradient, whose phases interleave, and the NCHW
+#   half-precision forward and input gradient): pad the array once and slice each
+#   window out of the padded copy. XLA:CPU never fuses a pad that several slices
+#   read, so this writes that copy first.
+#
+# In NCHW, W is the minor axis, and XLA:CPU does not fuse a concatenation along
+# it; `_tile` joins the blocks along W last, one copy of the output. Measured
+# against the padded copy, old -> new, ms, interleaved, [8, 64, 64, 64] NCHW:
+#   float32   forward 3x3 (1.6, 2.5, 1.6, 2.2, 2.0) -> (1.5, 1.2, 2.0, 2.3, 2.1),
+#             5x5 stride 2 M=2 4.1 -> 3.7, 3x3 M=2 2.8 -> 2.3;
+#             input gradient 3x3 (1.3, 1.9, 2.1) -> (1.2, 1.3, 1.5), 3x3 M=2 4.6 -> 3.5;
+#             filter gradient 3x3 (9.2, 6.8, 8.3) -> (7.5, 5.8, 6.5), 3x3 M=2 11.2 -> 9.9,
+#             5x5 stride 2 M=2 13.9 -> 11.4
+#   bfloat16  filter gradient 3x3 (13.4, 12.5, 8.0, 14.0) -> (7.0, 8.2, 5.3, 7.2),
+#             5x5 stride 2 M=2 (9.5, 12.1) -> (11.3, 13.3): slower, kept for one rule;
+#             forward 3x3 (1.6, 1.4) -> (3.0, 2.5) and input gradient (1.8, 1.1) ->
+#             (2.7, 1.8): slower, so these keep the padded copy. Gathered, the
+#             widening of every window is merged into one float32 copy of the input.
 #
 # Measured on [8, 64, 64, 64] float32 NHWC, interleaved in one run, ms, before
 # (padded, or gathered without blocks for multiplier 1) -> after:
@@ -551,8 +564,9 @@ def _reader(
     padded = lax.pad(v5, jnp.zeros((), v5.dtype), config)
     if padded.dtype != dtype:
         # Widened behind a barrier: XLA would otherwise read the windows that lie
-        # inside from a second, separately written float32 copy of ``v5`` (NCHW
-        # bfloat16 filter gradient: 19-21 ms with it, 9.8 ms without).
+        # inside from a second, separately written float32 copy of ``v5`` (the
+        # NCHW bfloat16 filter gradient, when it still read a padded copy: 19-21
+        # ms with that copy, 9.8 ms without).
         padded = lax.optimization_barrier(padded.astype(dtype))  # type: ignore[no-untyped-call]
     return _Reader(padded, axes, pads, gathered=False)
 
@@ -593,8 +607,21 @@ def _tile(
     col_runs: Sequence[range],
     conv: _Conv,
 ) -> jax.Array:
-    """``block(rows, cols)`` for each pair of runs, concatenated into one array."""
+    """``block(rows, cols)`` for each pair of runs, concatenated into one array.
+
+    XLA:CPU fuses the blocks into a concatenation, except along the minor
+    dimension (W in NCHW). So in NCHW the blocks are joined into columns first,
+    which fuses, and the columns along W last, one copy.
+    """
     h_axis, w_axis = _spatial_axes(conv)
+    if conv.nchw:
+        return jnp.concatenate(
+            [
+                jnp.concatenate([block(rows, cols) for rows in row_runs], axis=h_axis)
+                for cols in col_runs
+            ],
+            axis=w_axis,
+        )
     return jnp.concatenate(
         [
             jnp.concatenate([block(rows, cols) for cols in col_runs], axis=w_axis)
@@ -629,7 +656,8 @@ def _taps(conv: _Conv) -> list[tuple[int, int]]:
 
 def _forward(x: jax.Array, f: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=not conv.nchw)
+    gather = not conv.nchw or dtype == x.dtype
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather)
     f = f.astype(dtype)
 
     def block(rows: range, cols: range) -> jax.Array:
@@ -710,7 +738,7 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
         )
     ]
     (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
-    gather = not conv.nchw and conv.strides == (1, 1)
+    gather = (not conv.nchw or dtype == dy.dtype) and conv.strides == (1, 1)
     read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather)
 
     def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
@@ -769,7 +797,7 @@ _TAPS_PER_FUSION = 9
 
 def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=not conv.nchw)
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
     dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
     row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
