@@ -255,9 +255,10 @@ class _Taps:
     def _continues(self) -> tuple[np.ndarray, np.ndarray]:
         """Per row after the first: the step of its columns from the previous row,
         and whether it is that row shifted by one positive step, weights equal."""
-        steps = (self.index[1:] - self.index[:-1])[:, 0]
+        shift = self.index[1:] - self.index[:-1]
+        steps = shift[:, 0]
         continues = (
-            (self.index[1:] - self.index[:-1] == steps[:, None]).all(axis=1)
+            (shift == steps[:, None]).all(axis=1)
             & (steps > 0)
             & (self.weights[1:] == self.weights[:-1]).all(axis=1)
             & (self.valid[1:] == self.valid[:-1]).all(axis=1)
@@ -469,9 +470,10 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     src = lax.bitcast_convert_type(x, jnp.uint16) if exact and words else x
     dtype = src.dtype if exact else _checks.compute_dtype(x.dtype)
     bits = not exact and x.dtype == jnp.bfloat16
+    inputs = (src,) if exact else _bit_views(x)
 
     def block(runs: dict[int, range]) -> jax.Array:
-        views = (src,) if exact else _bit_views(x)
+        views = inputs
         for i, (dim, taps) in enumerate(tables):
             # Only the first taps read bits; they widen to float32 for the rest.
             part = taps.rows(runs[dim])
