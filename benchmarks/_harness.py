@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
+import operator
 import os
 import platform
 import statistics
@@ -61,15 +63,37 @@ def interleaved_ms(
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def roofline(nbytes: int) -> tuple[Callable[..., Any], tuple[jax.Array]]:
-    """A plain jnp copy that moves ``nbytes`` in all (reads half of them, writes half).
+def roofline(read_bytes: int, write_bytes: int) -> tuple[Callable[..., Any], tuple[jax.Array]]:
+    """A plain jnp op that reads ``read_bytes`` and writes ``write_bytes``, streaming.
 
-    This is the memory-bandwidth floor for an op that must read and write that many
-    bytes: no op can be faster than copying its traffic.
+    This is the memory-bandwidth floor for an op with those reads and writes: no
+    op can be faster than moving its traffic once. It moves the op's own bytes in
+    each direction, not their total split in half: an output of another size lands
+    on another side of the cache size and of glibc's 32 MB mmap threshold, above
+    which every call page-faults its fresh output (docs/performance.md). Float32
+    words, the ratio of reads to writes rounded to a whole number ``k``:
+
+    - ``k == 1``: a copy.
+    - reads ``k`` times the writes: the sum of ``k`` contiguous chunks, with
+      explicit adds (one fused loop; XLA:CPU's reduction over a short major axis
+      is 30x slower), or a row reduction for ``k > 8`` (a filter gradient's tiny
+      output).
+    - writes ``k`` times the reads: the input broadcast ``k`` times.
     """
-    n = max(1, nbytes // 2 // 4)
-    src = jnp.asarray(np.random.default_rng(0).random(n, np.float32))
-    return jax.jit(jnp.copy), (src,)
+    n_read, n_write = max(1, read_bytes // 4), max(1, write_bytes // 4)
+    rng = np.random.default_rng(0)
+    if n_read >= n_write:
+        k = max(1, round(n_read / n_write))
+        if k == 1:
+            return jax.jit(jnp.copy), (jnp.asarray(rng.random(n_write, np.float32)),)
+        if k > 8:
+            rows = jnp.asarray(rng.random((n_write, k), np.float32))
+            return jax.jit(lambda a: jnp.sum(a, axis=1)), (rows,)
+        chunks = jnp.asarray(rng.random((k, n_write), np.float32))
+        return jax.jit(lambda a: functools.reduce(operator.add, list(a))), (chunks,)
+    k = max(1, round(n_write / n_read))
+    src = jnp.asarray(rng.random(n_read, np.float32))
+    return jax.jit(lambda a: jnp.broadcast_to(a, (k, n_read))), (src,)
 
 
 def nbytes(*arrays: Any) -> int:
@@ -105,7 +129,7 @@ class Table:
         ours: float,
         baseline: float,
         peers: dict[str, float],
-        baseline_name: str = "roofline (copy)",
+        baseline_name: str = "roofline",
     ) -> None:
         """One case's rows: the baseline, each peer, then jaxgrad with its ratios."""
         self.add(case, baseline_name, baseline, baseline)

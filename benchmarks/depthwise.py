@@ -6,7 +6,8 @@ Cases: [8, 64, 64, 64] 3x3 stride 1 SAME in NHWC and NCHW, and 5x5 stride 2 with
 depth multiplier 2 (NHWC). Peers: lax.conv_general_dilated with
 feature_group_count (and its VJP for each backprop alone), and PyTorch CPU
 (F.conv2d with groups; aten.convolution_backward for each backprop alone) when
-installed. The roofline copies as many bytes as the op must read and write.
+installed. The roofline reads and writes as many bytes as the op must (see
+_harness.roofline).
 """
 
 from __future__ import annotations
@@ -120,13 +121,17 @@ def main() -> None:
             ours = jaxgrad_fns(fmt, x.shape, f.shape, stride)
             peer = lax_fns(fmt, c, m, stride)
             directions = {
-                # name: (jaxgrad call, lax call, bytes the op must move)
-                "fwd": (partial(ours[0], x, f), partial(peer[0], x, f), nbytes(x, f, dy)),
-                "bp input": (partial(ours[1], f, dy), partial(peer[1], x, f, dy), nbytes(f, dy, x)),
+                # name: (jaxgrad call, lax call, (bytes the op must read, write))
+                "fwd": (partial(ours[0], x, f), partial(peer[0], x, f), (nbytes(x, f), nbytes(dy))),
+                "bp input": (
+                    partial(ours[1], f, dy),
+                    partial(peer[1], x, f, dy),
+                    (nbytes(f, dy), nbytes(x)),
+                ),
                 "bp filter": (
                     partial(ours[2], x, dy),
                     partial(peer[2], x, f, dy),
-                    nbytes(x, dy, f),
+                    (nbytes(x, dy), nbytes(f)),
                 ),
             }
             torch_ops = (
@@ -135,8 +140,8 @@ def main() -> None:
                 else {}
             )
             for direction, (mine, lax_call, moved) in directions.items():
-                copy, copy_args = roofline(moved)
-                calls = {"roofline": partial(copy, *copy_args), "lax": lax_call, "jaxgrad": mine}
+                floor, floor_args = roofline(*moved)
+                calls = {"roofline": partial(floor, *floor_args), "lax": lax_call, "jaxgrad": mine}
                 if direction in torch_ops:
                     calls["torch"] = torch_ops[direction]
                 ms = interleaved_ms(calls, repeats=args.repeats)

@@ -4,9 +4,9 @@
 
 [8, 32, 128, 128] NCHW, half-pixel, linear and nearest, spatial scale 2 and 0.5.
 Forward: y = resample(x). Backward: dx = resample_grad(dy) (what jax.grad runs).
-The roofline moves the same bytes as the op: read x and write y for the forward,
-read dy and write dx for the backward. PyTorch (CPU, F.interpolate) is timed when
-installed, with the same number of threads as XLA.
+The roofline moves the same bytes as the op, each way: it reads |x| and writes |y|
+for the forward, reads |dy| and writes |dx| for the backward. PyTorch (CPU,
+F.interpolate) is timed when installed, with the same number of threads as XLA.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ def main() -> None:
                 x, dy = jnp.asarray(x_np, dtype), jnp.asarray(dy_np, dtype)
                 fwd, bwd = jaxgrad_fns(mode, scale)
                 peer_fwd, peer_bwd = jax_image_fns(mode, out_shape)
-                # Both directions move |x| + |y| bytes; one roofline serves both.
-                copy, copy_args = roofline(nbytes(x, dy))
+                # The forward reads x and writes y; the backward reads dy, writes dx.
+                fwd_roof, fwd_roof_args = roofline(nbytes(x), nbytes(dy))
+                bwd_roof, bwd_roof_args = roofline(nbytes(dy), nbytes(x))
                 calls = {
-                    "roofline": partial(copy, *copy_args),
+                    "fwd roofline": partial(fwd_roof, *fwd_roof_args),
+                    "bwd roofline": partial(bwd_roof, *bwd_roof_args),
                     "fwd jaxgrad": partial(fwd, x),
                     "fwd jax.image.resize": partial(peer_fwd, x),
                     "bwd jaxgrad": partial(bwd, dy),
@@ -91,7 +93,6 @@ def main() -> None:
                     peer = torch_calls(torch, mode, scale, x_np, dy_np, dtype_name)
                     calls |= {"fwd torch": peer["fwd"], "bwd torch": peer["bwd"]}
                 ms = interleaved_ms(calls, repeats=args.repeats)
-                roof = ms["roofline"]
                 for direction in ("fwd", "bwd"):
                     case = f"{direction} {mode} x{scale} {dtype_name}"
                     peers = {
@@ -99,7 +100,8 @@ def main() -> None:
                         for name in PEERS
                         if f"{direction} {name}" in ms
                     }
-                    table.add_case(case, ms[f"{direction} jaxgrad"], roof, peers)
+                    ours, floor = ms[f"{direction} jaxgrad"], ms[f"{direction} roofline"]
+                    table.add_case(case, ours, floor, peers)
     finish(table, args)
 
 
