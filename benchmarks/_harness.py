@@ -155,8 +155,9 @@ class Table:
         lines.append("")
         if self.baseline == "roofline":
             lines.append(
-                "x roofline: time over a jnp copy moving the same bytes (1.0 is memory "
-                "bandwidth); x peer: time over the peer's time in this run (below 1 is faster)."
+                "x roofline: time over a jnp op reading and writing the op's bytes (1.0 is "
+                "memory bandwidth); x peer: time over the peer's time in this run (below 1 is "
+                "faster)."
             )
         else:
             lines.append(f"x {self.baseline}: time over the {self.baseline} time in this run.")
