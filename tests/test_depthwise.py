@@ -166,7 +166,7 @@ def run_all_three(cfg, data_format, x, f, dy, four_ints=False):
 
 
 # Each example compiles new shapes, so the expensive properties draw fewer examples.
-@settings(max_examples=25)
+@settings(max_examples=16)
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.booleans(), st.integers(0, 2**31 - 1))
 def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
     x, f, dy = random_operands(cfg, seed)
@@ -195,7 +195,7 @@ def lax_depthwise(x, f, cfg):
     )
 
 
-@settings(max_examples=20)
+@settings(max_examples=12)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_gradients_match_lax_autodiff(cfg, seed):
     x, f, dy = (jnp.asarray(a) for a in random_operands(cfg, seed))

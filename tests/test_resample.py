@@ -169,7 +169,9 @@ def ref_args(c):
     return c["scales"], per_axis(c["a"], rank), per_axis(c["b"], rank), c["mode"], c["rounding"]
 
 
-@settings(max_examples=30)
+# Each example compiles new shapes; these two properties are the suite's slowest, so
+# they draw fewer examples than the profile's 40 (the suite must stay near 10 minutes).
+@settings(max_examples=20)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_forward_and_gradient_match_reference(c, seed):
     rng = np.random.default_rng(seed)
@@ -186,6 +188,7 @@ def test_forward_and_gradient_match_reference(c, seed):
     np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=25)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_adjoint_identity(c, seed):
     # <A x, y> == <x, A^T y>, the defining property of the gradient.
