@@ -1,6 +1,6 @@
 """Shared benchmark harness: warm up, block_until_ready, medians, ratios measured in one run.
 
-The implementations of one case (jaxgrad, its peers, the roofline copy) are timed
+The implementations of one case (jaxgrad, its peers, the roofline) are timed
 in interleaved rounds in the same process, so the ratios between them are what to
 read; the absolute milliseconds move from run to run on a shared machine.
 """
