@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks
+from jaxgrad import _bits, _checks
 
 MODES = ("nearest", "linear")
 ROUNDINGS = ("half_up", "down", "up")
@@ -377,27 +377,19 @@ def _taps(axis: Axis, transpose: bool) -> _Taps:
 def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
     """bfloat16 as raw 16-bit patterns, for the gathers to read (other dtypes as is).
 
-    XLA:CPU hoists a bfloat16 -> float32 convert above the gathers and materializes
-    the widened array, tripling the memory traffic. Gathering the bits and widening
-    each gathered value with a shift (exact: a bfloat16 is the top half of a
-    float32) keeps the read at two bytes per element.
-
-    Two views, unsigned and signed, because XLA:CPU evaluates a producer at most 15
-    times per element of a loop fusion: the 2x linear gradient reads its input 16
-    times (4 taps per axis), so through one view the view was materialized as a
-    copy of the input. ``_apply_taps`` alternates between the views, which halves
-    the reads of each and keeps the whole op in one loop (measured on the 2x linear
-    gradient of [8, 32, 256, 256]: 32.7 ms with one view, 16.0 ms with two, and
-    48 ms converting to float32 first).
+    Gathered bits are widened by ``_bits.widen``, so the reads stay at two bytes
+    per element (see ``_bits``). Two views, unsigned and signed, because XLA:CPU
+    evaluates a producer at most 15 times per element of a loop fusion: the 2x
+    linear gradient reads its input 16 times (4 taps per axis), so through one
+    view the view was materialized as a copy of the input. ``_apply_taps``
+    alternates between the views, which halves the reads of each and keeps the
+    whole op in one loop (measured on the 2x linear gradient of [8, 32, 256, 256]:
+    32.7 ms with one view, 16.0 ms with two, and 48 ms converting to float32
+    first).
     """
     if x.dtype != jnp.bfloat16:
         return (x,)
-    return lax.bitcast_convert_type(x, jnp.uint16), lax.bitcast_convert_type(x, jnp.int16)
-
-
-def _widen_bits(v: jax.Array) -> jax.Array:
-    """Gathered bfloat16 bits (either view of ``_bit_views``) as float32, exactly."""
-    return lax.bitcast_convert_type(v.astype(jnp.int32) << 16, jnp.float32)
+    return _bits.words(x), lax.bitcast_convert_type(x, jnp.int16)
 
 
 def _apply_taps(
@@ -430,7 +422,7 @@ def _apply_taps(
         else:  # every row reads ``stride`` further on: a strided slice, no gather
             start = int(taps.index[0, j])
             term = lax.slice_in_dim(view, start, start + stride * (rows - 1) + 1, stride, dim)
-        term = _widen_bits(term) if bfloat16_bits else term.astype(dtype)
+        term = _bits.widen(term) if bfloat16_bits else term.astype(dtype)
         if not (taps.weights[:, j] == 1).all():
             term = term * jnp.asarray(taps.weights[:, j], dtype).reshape(bcast)
         if not taps.valid[:, j].all():
