@@ -1,8 +1,11 @@
 """resample and resample_grad against SPEC §2: a loop reference, a scatter-add oracle,
 the seeds' examples, adjoint identity, gradients, determinism and errors."""
 
+import collections
+import functools
 import itertools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -382,11 +385,54 @@ def test_grad_of_grad_through_a_model():
 
 
 def test_identity_axes_cost_nothing():
+    # Resampling one axis of a 4-D array computes with the same ops as resampling a
+    # 1-D array: the three identity axes add nothing (the reshapes and broadcasts
+    # that shape the weights aside).
+    def ops(x, scales):
+        f = functools.partial(jaxgrad.resample, scales=scales, mode="linear")
+        found = re.findall(r"stablehlo\.(\w+)", jax.jit(f).lower(x).as_text())
+        shaping = ("reshape", "broadcast_in_dim", "constant")
+        return collections.Counter(op for op in found if op not in shaping)
+
     x = jnp.ones((2, 3, 8, 8), jnp.float32)
-    f = lambda x: jaxgrad.resample(x, (1, 1, 2, 1), mode="linear")  # noqa: E731
-    hlo = jax.jit(f).lower(x).as_text()
-    assert hlo.count("gather") == 2  # two taps along the one resampled axis, nothing else
+    assert ops(x, (1, 1, 2, 1)) == ops(jnp.ones(8, jnp.float32), (2,))
     np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1, 1, 1), mode="linear"), x)
+
+
+@pytest.mark.parametrize(
+    ("mode", "scale", "transpose", "expected"),
+    [
+        ("nearest", 0.5, False, (1, 2)),  # every other input
+        ("linear", 2.0, True, (1, 2)),  # four outputs per input, two further on each
+        ("nearest", 2.0, False, (2, 1)),  # each input twice in a row
+        ("nearest", 3.0, False, (3, 1)),
+        ("linear", 0.5, True, (2, 1)),  # half of each output to both inputs it averaged
+        ("linear", 2.0, False, None),  # alternating weights: gathered
+    ],
+)
+def test_the_middle_run_is_strided_and_repeated(mode, scale, transpose, expected):
+    # (repeat, step) of the longest run: each group of `repeat` equal rows reads the
+    # group before shifted by `step`, so every tap is one strided slice, broadcast.
+    from jaxgrad import _resample
+
+    coords = _resample._dml_coordinates(int(32 * scale), scale, 0.5, -0.5)
+    taps = _resample._taps(_resample.Axis(32, coords, mode == "linear", "half_up"), transpose)
+    assert taps.rows(max(taps.runs(), key=len)).stride() == expected
+
+
+def test_repeated_rows_off_the_first_row():
+    # Sampling at o / 2 with half-up rounding reads inputs 0, 1, 1, 2, 2, ...: the
+    # pairs of equal rows start at row 1, and the edge rows around them are gathered.
+    from jaxgrad import _resample
+
+    coords = _resample._dml_coordinates(60, 2.0, 0.0, 0.0)
+    taps = _resample._taps(_resample.Axis(30, coords, False, "half_up"), False)
+    assert taps.runs() == [range(1), range(1, 59), range(59, 60)]
+    assert taps.rows(range(1, 59)).stride() == (2, 1)
+    x = np.random.default_rng(0).normal(size=(3, 30))
+    y = jaxgrad.resample(x, (1, 2), input_pixel_offsets=0, output_pixel_offsets=0)
+    args = ((1, 2), (0, 0), (0, 0), "nearest", "half_up")
+    np.testing.assert_array_equal(y, reference_resample(x, (3, 60), *args))
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
