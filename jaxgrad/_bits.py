@@ -5,8 +5,9 @@ that read its input, onto the whole array, and where a loop reads that array in
 more places than XLA fuses a producer into (15), it writes the float32 copy out
 first: twice the bytes of the input, written and then read back. Reading the
 16-bit words instead and widening each read value with a shift keeps the reads at
-two bytes per element. The shift is exact: a bfloat16 is the top half of a
-float32.
+two bytes per element; where a loop reads the words in more than 15 places, XLA
+writes them out instead, a copy of half the size. The shift is exact: a bfloat16
+is the top half of a float32.
 """
 
 from __future__ import annotations

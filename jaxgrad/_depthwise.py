@@ -481,12 +481,12 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: _Conv) -> jax.Array:
 #
 # - Gathered: slice a window that lies inside the array; gather one that does
 #   not, with the positions clamped into the array, and mask the padding to zero.
-#   No float copy of the array: bfloat16 is read as 16-bit words and each window
-#   widened to float32 after the read (`_bits`). Gathered windows stop XLA:CPU from vectorizing the
-#   whole loop, so each op cuts its output into blocks along both spatial axes
-#   (`_Reader.runs`): the large middle block, whose windows all lie inside, is
-#   pure slices, and only the thin border blocks gather; `_tile` concatenates the
-#   blocks back together.
+#   No padded copy, and no float32 copy of a bfloat16 array: that is read as
+#   16-bit words and each window widened after the read (`_bits`). Gathered
+#   windows stop XLA:CPU from vectorizing the whole loop, so each op cuts its
+#   output into blocks along both spatial axes (`_Reader.runs`): the large middle
+#   block, whose windows all lie inside, is pure slices, and only the thin border
+#   blocks gather; `_tile` concatenates the blocks back together.
 # - Padded (the strided input gradient, whose phases interleave, and the NCHW
 #   half-precision forward and input gradient): pad the array once and slice each
 #   window out of the padded copy. XLA:CPU never fuses a pad that several slices
