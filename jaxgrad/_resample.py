@@ -285,21 +285,23 @@ class _Taps:
         steps, continues = self._continues(repeat)  # about row r: index r - repeat
         best = (0, 0, 1)
         for align in range(min(repeat, n)):
-            first: int | None = None
-            step: int | None = None
-            for group in range(align, n - repeat + 1, repeat):
-                if not same[group : group + repeat - 1].all():
-                    first = None
-                    continue
-                if first is None or not continues[group - repeat]:
-                    first, step = group, None
-                else:
-                    new_step = int(steps[group - repeat])
-                    if step is not None and new_step != step:
-                        first = group - repeat  # the group before starts a run with a new step
-                    step = new_step
-                if group + repeat - first > best[1] - best[0]:
-                    best = (first, group + repeat, step or 1)
+            starts = np.arange(align, n - repeat + 1, repeat)  # the groups' first rows
+            whole = same[starts[:, None] + np.arange(repeat - 1)].all(axis=1)
+            # Link k joins groups k and k + 1 when both are whole and the second
+            # reads the first's columns shifted by a step; the longest stretch of
+            # links with one step is the longest run.
+            joins = starts[1:] - repeat
+            steps_of_links = np.where(whole[:-1] & whole[1:] & continues[joins], steps[joins], 0)
+            first, stop = _longest_positive_stretch(steps_of_links)
+            if stop > first:
+                run = (int(starts[first]), int(starts[stop]) + repeat, int(steps_of_links[first]))
+            elif whole.any():  # no links: one group alone
+                row = int(starts[whole.argmax()])
+                run = (row, row + repeat, 1)
+            else:
+                continue
+            if run[1] - run[0] > best[1] - best[0]:
+                best = run
         return best
 
     def stride(self) -> tuple[int, int] | None:
@@ -335,6 +337,19 @@ class _Taps:
             and bool((self.weights == 1).all())
             and np.array_equal(self.index[:, 0], np.arange(rows))
         )
+
+
+def _longest_positive_stretch(values: np.ndarray) -> tuple[int, int]:
+    """``(i, j)``: the longest stretch ``values[i:j]`` of one positive value ((0, 0) if
+    there is none)."""
+    if not len(values):
+        return 0, 0
+    cuts = np.flatnonzero(np.diff(values)) + 1
+    firsts = np.concatenate([[0], cuts])
+    stops = np.concatenate([cuts, [len(values)]])
+    lengths = np.where(values[firsts] > 0, stops - firsts, 0)
+    k = int(lengths.argmax())
+    return (int(firsts[k]), int(stops[k])) if lengths[k] else (0, 0)
 
 
 def _dml_coordinates(n_out: int, scale: float, a: float, b: float) -> tuple[float, ...]:

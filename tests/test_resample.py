@@ -420,6 +420,15 @@ def test_the_middle_run_is_strided_and_repeated(mode, scale, transpose, expected
     assert taps.rows(max(taps.runs(), key=len)).stride() == expected
 
 
+def test_longest_positive_stretch():
+    from jaxgrad._resample import _longest_positive_stretch as stretch
+
+    assert stretch(np.array([0, 2, 2, 1, 1, 1, 0, 3])) == (3, 6)  # one value, not just > 0
+    assert stretch(np.array([5])) == (0, 1)
+    assert stretch(np.array([0, 0])) == (0, 0)
+    assert stretch(np.array([], int)) == (0, 0)
+
+
 def test_repeated_rows_off_the_first_row():
     # Sampling at o / 2 with half-up rounding reads inputs 0, 1, 1, 2, 2, ...: the
     # pairs of equal rows start at row 1, and the edge rows around them are gathered.
