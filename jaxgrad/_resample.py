@@ -33,10 +33,11 @@ MODES = ("nearest", "linear")
 ROUNDINGS = ("half_up", "down", "up")
 
 # Cutting an axis into strided and edge runs (`_Taps.runs`): the shortest middle
-# run worth a block of its own, the most times a strided row is repeated in
-# place, and the most blocks an op is cut into.
+# run worth a block of its own, the most times a strided row is repeated in place
+# (8x nearest upsampling: 31.8 ms gathered, 27.7 ms repeated, float32 [8, 32, 256,
+# 256] out), and the most blocks an op is cut into.
 _MIN_STRIDED_ROWS = 8
-_MAX_REPEAT = 4
+_MAX_REPEAT = 8
 _MAX_BLOCKS = 27
 
 
@@ -317,15 +318,19 @@ class _Taps:
         return None
 
     def runs(self) -> list[range]:
-        """The rows cut into at most three runs: a long middle run that is strided
-        (``stride``), with the smallest repeat that gives one, and the edge rows
-        around it."""
+        """The rows cut into at most three runs: the longest strided run (``stride``),
+        with the smallest repeat that gives it, and the edge rows around it. If that
+        run is short, or shorter than the edges, all the rows are one run."""
         n = len(self.index)
-        for repeat in range(1, min(n, _MAX_REPEAT) + 1):
-            first, stop, _ = self._longest_strided_run(repeat)
-            if stop - first >= _MIN_STRIDED_ROWS:
-                return [run for run in (range(first), range(first, stop), range(stop, n)) if run]
-        return [range(n)]
+        longest = max(
+            (self._longest_strided_run(repeat) for repeat in range(1, min(n, _MAX_REPEAT) + 1)),
+            key=lambda run: run[1] - run[0],
+            default=(0, 0, 1),
+        )
+        first, stop, _ = longest
+        if stop - first < max(_MIN_STRIDED_ROWS, n / 2):
+            return [range(n)]
+        return [run for run in (range(first), range(first, stop), range(stop, n)) if run]
 
     @property
     def is_identity(self) -> bool:
