@@ -320,7 +320,7 @@ class _Taps:
     def runs(self) -> list[range]:
         """The rows cut into at most three runs: the longest strided run (``stride``),
         with the smallest repeat that gives it, and the edge rows around it. If that
-        run is short, or shorter than the edges, all the rows are one run."""
+        run is short, or holds less than half of the rows, all the rows are one run."""
         n = len(self.index)
         longest = max(
             (self._longest_strided_run(repeat) for repeat in range(1, min(n, _MAX_REPEAT) + 1)),
