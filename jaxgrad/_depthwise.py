@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from jaxgrad import _bits, _checks
+from jaxgrad import _bits, _checks, _tiles
 
 PADDINGS = ("SAME", "VALID", "EXPLICIT")
 DATA_FORMATS = ("NHWC", "NCHW")
@@ -625,21 +625,10 @@ def _tile(
     which fuses, and the columns along W last, one copy.
     """
     h_axis, w_axis = _spatial_axes(conv)
+    cuts = [(h_axis, row_runs), (w_axis, col_runs)]
     if conv.nchw:
-        return jnp.concatenate(
-            [
-                jnp.concatenate([block(rows, cols) for rows in row_runs], axis=h_axis)
-                for cols in col_runs
-            ],
-            axis=w_axis,
-        )
-    return jnp.concatenate(
-        [
-            jnp.concatenate([block(rows, cols) for cols in col_runs], axis=w_axis)
-            for rows in row_runs
-        ],
-        axis=h_axis,
-    )
+        cuts.reverse()
+    return _tiles.tile(lambda runs: block(runs[h_axis], runs[w_axis]), cuts)
 
 
 def _window(read: _Reader, di: int, dj: int, conv: _Conv, rows: range, cols: range) -> jax.Array:
