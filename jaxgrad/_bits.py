@@ -18,7 +18,7 @@ from jax import lax
 
 
 def words(x: jax.Array) -> jax.Array:
-    """The bit patterns of a bfloat16 array, as uint16."""
+    """The bit patterns of a 16-bit float array (bfloat16 or float16), as uint16."""
     return lax.bitcast_convert_type(x, jnp.uint16)
 
 
