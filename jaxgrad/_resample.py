@@ -537,19 +537,42 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     bits = not exact and x.dtype == jnp.bfloat16
     inputs = (src,) if exact else _bit_views(x)
 
-    def block(runs: dict[int, range]) -> jax.Array:
-        views = inputs
-        for i, (dim, taps) in enumerate(tables):
-            # Only the first taps read bits; they widen to float32 for the rest.
+    def block(
+        views: tuple[jax.Array, ...],
+        applied: list[tuple[int, _Taps]],
+        final: bool,
+        runs: dict[int, range],
+    ) -> jax.Array:
+        """The ``applied`` tables on ``views``, for the output rows ``runs``; rounded
+        to the output dtype if ``final``."""
+        for dim, taps in applied:
+            # Only taps that read the input read bits; they widen to float32.
+            reads_input = views is inputs
             part = taps.rows(runs[dim])
-            views = (_apply_taps(views, dim, part, dtype, bfloat16_bits=bits and i == 0),)
-        if words and not exact:
+            views = (_apply_taps(views, dim, part, dtype, bfloat16_bits=bits and reads_input),)
+        if final and words and not exact:
             return _bits.words(views[0].astype(x.dtype))
         return views[0]
 
     runs = {dim: taps.runs() for dim, taps in tables}
-    if math.prod(len(r) for r in runs.values()) > _MAX_BLOCKS:
+    blocks = math.prod(len(r) for r in runs.values())
+    if blocks > _MAX_BLOCKS:
         runs = {dim: [range(len(taps.index))] for dim, taps in tables}
+        blocks = 1
+    if bits and blocks > 1 and len(runs.get(x.ndim - 1, ())) <= 1:
+        # Nothing is cut along the minor dimension (NHWC, say), so every block
+        # would join one loop, which reads the bit views in more than 15 ways:
+        # XLA would write both views out first. One axis per loop reads them (and
+        # the float32 array between the loops) in fewer ways (12 for the 2x
+        # linear gradient), so they stay views. The bfloat16 2x linear gradient
+        # of [8, 128, 128, 32]: 34-41 ms in one loop, 16-18 ms so, bitwise the
+        # same (7.8 ms with glibc's mmap threshold raised: the float32 array
+        # between the loops is 32 MiB; docs/performance.md).
+        views = inputs
+        for i, (dim, taps) in enumerate(tables):
+            one_axis = functools.partial(block, views, [(dim, taps)], i == len(tables) - 1)
+            views = (_tiles.tile(one_axis, [(dim, runs[dim])]),)
+        return lax.bitcast_convert_type(views[0], x.dtype)
     # XLA:CPU does not fuse a concatenation along the minor (last) dimension, so
     # that one goes outermost: the blocks fuse into the concatenations along the
     # other axes and are copied once, not twice (the float32 2x linear gradient:
@@ -557,7 +580,8 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     # blocks reads the 16-bit view of the input in more than 15 ways, so XLA
     # writes the view out first (the bfloat16 2x linear gradient: 7.1 -> 38.7 ms).
     nesting = sorted(runs, reverse=not words)
-    out = _tiles.tile(block, [(dim, runs[dim]) for dim in nesting])
+    every_axis = functools.partial(block, inputs, tables, True)
+    out = _tiles.tile(every_axis, [(dim, runs[dim]) for dim in nesting])
     return lax.bitcast_convert_type(out, x.dtype) if words else out.astype(x.dtype)
 
 

@@ -272,6 +272,7 @@ def test_dtypes_and_transforms(case, dtype, transform):
         ((16, 16), (4, 4)),  # 8 taps per axis
         ((3, 16, 16), (1, 2, 2)),  # 4 taps per axis: the two bfloat16 bit views
         ((6, 5, 7), (2, 2, 2)),  # three resampled axes
+        ((2, 8, 8, 3), (1, 2, 2, 1)),  # NHWC: bfloat16 applies one axis per loop
     ],
 )
 def test_half_precision_accumulates_in_float32(dtype, in_shape, scales):
@@ -290,6 +291,21 @@ def test_half_precision_accumulates_in_float32(dtype, in_shape, scales):
     np.testing.assert_array_equal(
         np.asarray(half, np.float32), np.asarray(full.astype(dtype), np.float32)
     )
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
+def test_bfloat16_bit_views_are_not_written_out():
+    # A bfloat16 sum reads its input through 16-bit views (_bit_views). In NHWC
+    # nothing is cut along the minor axis, so all the blocks would join one loop
+    # that reads the views in more than 15 ways, and XLA:CPU wrote both views out as
+    # copies of the input (the 2x linear gradient of [8, 128, 128, 32] took twice as
+    # long). Applied one axis per loop, the compiled program holds no array of the
+    # input's shape but the input itself.
+    dy = jnp.zeros((2, 32, 32, 4), jnp.bfloat16)
+    f = lambda dy: jaxgrad.resample_grad(dy, (2, 16, 16, 4), (1, 2, 2, 1), mode="linear")  # noqa: E731
+    program = jax.jit(f).lower(dy).compile().as_text()
+    entry = program.split("ENTRY", 1)[1]
+    assert re.findall(r"= (\w+)\[2,32,32,4\]", entry) == ["bf16"]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
