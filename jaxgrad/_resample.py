@@ -565,7 +565,7 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         # XLA would write both views out first. One axis per loop reads them (and
         # the float32 array between the loops) in fewer ways (12 for the 2x
         # linear gradient), so they stay views. The bfloat16 2x linear gradient
-        # of [8, 128, 128, 32]: 34-41 ms in one loop, 16-18 ms so, bitwise the
+        # of [8, 128, 128, 32]: 34-41 ms in one loop, 16-19 ms so, bitwise the
         # same (7.8 ms with glibc's mmap threshold raised: the float32 array
         # between the loops is 32 MiB; docs/performance.md).
         views = inputs
