@@ -524,12 +524,18 @@ class _Reader:
     axes: tuple[int, int]  # the spatial axes of ``array``
     pads: tuple[tuple[int, int], ...]  # (before, after) per spatial axis
     gathered: bool
-    bfloat16_words: bool = False  # ``array`` holds bfloat16 bits, widened per window
+    # ``array`` is float16, or bfloat16 held as its 16-bit words; each window is
+    # widened to float32 after it is read.
+    half: bool = False
 
     def __call__(self, rows: range, cols: range) -> jax.Array:
         if self.gathered:
             window = _gather_window(self.array, tuple(zip(self.axes, (rows, cols), strict=True)))
-            return _bits.widen(window) if self.bfloat16_words else window
+            if not self.half:
+                return window
+            if window.dtype == jnp.uint16:
+                return _bits.widen(window)
+            return window.astype(jnp.float32)
         window = self.array
         for axis, run, (before, _) in zip(self.axes, (rows, cols), self.pads, strict=True):
             window = _slice_run(
@@ -561,12 +567,22 @@ def _reader(
     """
     axes = _spatial_axes(conv)
     pads = tuple(pads)
-    if gather and v5.dtype == jnp.bfloat16 and dtype == jnp.float32:
-        # Filter gradient 3x3 on [8, 64, 64, 64] bfloat16, ms, float32 copy ->
-        # words, interleaved: NHWC 5.0 -> 4.0, 4.1 -> 3.2; NCHW 5.4 -> 4.1, 6.1 ->
-        # 5.2; 5x5 stride 2 M=2 6.3 -> 5.0, 8.4 -> 6.7. NHWC forward 3x3 1.6 -> 1.4,
-        # 2.2 -> 1.9; the input gradient is level.
-        return _Reader(_bits.words(v5), axes, pads, gathered=True, bfloat16_words=True)
+    if gather and v5.dtype in (jnp.bfloat16, jnp.float16) and dtype == jnp.float32:
+        # Half types are read in place and each window widened, instead of a
+        # float32 copy of the whole input written first. bfloat16 is read as its
+        # 16-bit words and widened with a shift: XLA:CPU moves a bfloat16 convert
+        # up onto the whole input, but not a float16 one. [8, 64, 64, 64], ms,
+        # float32 copy -> widened per window, interleaved:
+        #   bfloat16  filter gradient 3x3 NHWC 5.0 -> 4.0, 4.1 -> 3.2; NCHW 5.4 ->
+        #             4.1, 6.1 -> 5.2; 5x5 stride 2 M=2 6.3 -> 5.0, 8.4 -> 6.7;
+        #             NHWC forward 3x3 1.6 -> 1.4, 2.2 -> 1.9; input gradient level.
+        #   float16   NHWC 3x3 forward 2.4 -> 1.0, 1.7 -> 0.9; input gradient 2.5 ->
+        #             1.7, 1.9 -> 1.0; filter gradient 5.5 -> 4.9, 4.9 -> 2.7; NCHW
+        #             3x3 filter gradient 6.4 -> 4.6, 6.6 -> 5.2; 5x5 stride 2 M=2
+        #             forward 3.5 -> 2.3, 2.8 -> 1.5, filter gradient 5.9 -> 6.1,
+        #             7.0 -> 5.0, input gradient 2.0 -> 1.7, 1.7 -> 1.9.
+        array = _bits.words(v5) if v5.dtype == jnp.bfloat16 else v5
+        return _Reader(array, axes, pads, gathered=True, half=True)
     if gather:
         return _Reader(v5.astype(dtype), axes, pads, gathered=True)
     config = [(0, 0, 0)] * 5
@@ -798,7 +814,13 @@ _TAPS_PER_FUSION = 9
 def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
-    dy5 = _five_d(dy, conv, conv.multiplier).astype(dtype)
+    dy5 = _five_d(dy, conv, conv.multiplier)
+    if dy5.dtype != jnp.float16:
+        # float16 is widened slice by slice, like the windows (_reader): 3x3 on
+        # [8, 64, 64, 64], ms, interleaved, float32 copy -> per slice: NHWC 3.2
+        # -> 2.5, 3.4 -> 4.1, 4.1 -> 2.9; NCHW 6.2 -> 6.0, 5.9 -> 4.5, 6.3 -> 4.4;
+        # 5x5 stride 2 M=2 7.1 -> 6.4, 6.0 -> 4.7, 6.0 -> 4.8.
+        dy5 = dy5.astype(dtype)
     row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
     block = -(-out_rows // _ROW_BLOCKS)
@@ -806,7 +828,8 @@ def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     def block_term(di: int, dj: int, first: int) -> jax.Array:
         def product(rows: range, cols: range) -> jax.Array:
             window = _window(read, di, dj, conv, rows, cols)
-            return window * _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols)
+            grad = _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols)
+            return window * grad.astype(dtype)
 
         rows = range(first, min(first + block, out_rows))
         term = _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
