@@ -814,12 +814,12 @@ _TAPS_PER_FUSION = 9
 def _filter_gradient(x: jax.Array, dy: jax.Array, conv: _Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
+    # A float16 dy stays float16 and each slice is widened where it is read, as
+    # the windows are (_reader): 3x3 on [8, 64, 64, 64], ms, interleaved, float32
+    # copy -> per slice: NHWC 3.2 -> 2.5, 3.4 -> 4.1, 4.1 -> 2.9; NCHW 6.2 -> 6.0,
+    # 5.9 -> 4.5, 6.3 -> 4.4; 5x5 stride 2 M=2 7.1 -> 6.4, 6.0 -> 4.7, 6.0 -> 4.8.
     dy5 = _five_d(dy, conv, conv.multiplier)
     if dy5.dtype != jnp.float16:
-        # float16 is widened slice by slice, like the windows (_reader): 3x3 on
-        # [8, 64, 64, 64], ms, interleaved, float32 copy -> per slice: NHWC 3.2
-        # -> 2.5, 3.4 -> 4.1, 4.1 -> 2.9; NCHW 6.2 -> 6.0, 5.9 -> 4.5, 6.3 -> 4.4;
-        # 5x5 stride 2 M=2 7.1 -> 6.4, 6.0 -> 4.7, 6.0 -> 4.8.
         dy5 = dy5.astype(dtype)
     row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
