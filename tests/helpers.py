@@ -39,3 +39,9 @@ def transformed(fn, transform):
         return out[0]
 
     return vmapped
+
+
+def compiled_entry(fn, *args):
+    """The entry computation of ``fn``'s program as XLA compiled it for ``args``: the
+    arrays it writes between its loops, not the ones inside a fused loop."""
+    return jax.jit(fn).lower(*args).compile().as_text().split("ENTRY", 1)[1]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, compiled_entry, transformed
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -397,7 +397,7 @@ def test_float16_is_widened_in_the_loop_that_reads_it(op):
         ),
     }
     fn, args = calls[op]
-    entry = jax.jit(fn).lower(*args).compile().as_text().split("ENTRY", 1)[1]
+    entry = compiled_entry(fn, *args)
     float32_sizes = [
         math.prod(map(int, d.split(","))) for d in re.findall(r"f32\[([\d,]+)\]", entry)
     ]
