@@ -1,0 +1,398 @@
+"""Depthwise conv2d and its two backprops: TensorFlow's DepthwiseConv2dNative,
+DepthwiseConv2dNativeBackpropInput and DepthwiseConv2dNativeBackpropFilter.
+
+This module holds what the ops mean: the public functions, their argument checks
+(through ``_plan``) and the custom VJPs that make the set closed under
+``jax.grad``. The arithmetic comes from an implementation chosen per backend:
+``_xla`` (jnp/lax, every backend) or ``_pallas`` (kernels for CUDA GPUs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+from jax.typing import ArrayLike
+
+from jaxgrad import _checks, _implementation
+from jaxgrad._depthwise import _pallas, _xla
+from jaxgrad._depthwise._plan import (
+    Conv,
+    check_out_backprop,
+    check_rank,
+    check_sizes,
+    configure,
+    same_dtype,
+)
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def depthwise_conv2d(
+    input: ArrayLike,
+    filter: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+    implementation: str | None = None,
+) -> jax.Array:
+    """Depthwise 2-D convolution, with TensorFlow's two backprops as its gradient.
+
+    With filter ``[fh, fw, C, M]`` (``M`` the depth multiplier), output channel
+    ``k * M + q`` convolves input channel ``k`` with ``filter[:, :, k, q]``::
+
+      out[b, i, j, k*M + q] = sum over (di, dj) of
+          x[b, i*sh - top + di*dh, j*sw - left + dj*dw, k] * filter[di, dj, k, q]
+
+    reads outside the input being 0 (shown for NHWC). Per spatial axis with input
+    ``n``, filter ``k``, stride ``s``, dilation ``d`` and ``e = (k - 1) * d + 1``:
+    VALID gives ``floor((n - e + s) / s)`` outputs; SAME gives ``ceil(n / s)`` with
+    ``max(0, (out - 1) * s + e - n)`` padding, half before and the odd pixel
+    after; EXPLICIT gives ``floor((n + before + after - e + s) / s)``.
+
+    The backward pass is ``depthwise_conv2d_backprop_input`` and
+    ``depthwise_conv2d_backprop_filter``. A ``jax.custom_vjp`` function: reverse
+    mode works to any order, forward mode raises. float16 and bfloat16 accumulate
+    in float32 and round once.
+
+    Args:
+      input: 4-D ``[N, H, W, C]`` (NHWC) or ``[N, C, H, W]`` (NCHW), floating.
+      filter: ``[fh, fw, C, M]``, the dtype of ``input``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+      implementation: which arithmetic computes the op, as in
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
+        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
+        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
+        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
+        interpreted on the CPU (slow: for tests). All give the same results up to
+        float rounding, each bitwise reproducible.
+
+    Returns:
+      ``[N, out_h, out_w, C * M]`` (NHWC) or ``[N, C * M, out_h, out_w]`` (NCHW),
+      the dtype of ``input``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: a rank is not 4; the channels of input and filter differ; an
+        output size is not positive; a bad padding, data_format, strides,
+        dilations, explicit_paddings or implementation; ``"pallas"`` asked for
+        where it cannot run (a backend other than CPU and CUDA, or a JAX without
+        Pallas' Triton backend).
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> x = jnp.arange(16, dtype=jnp.float32).reshape(1, 4, 4, 1)
+      >>> f = jnp.ones((3, 3, 1, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d(x, f, (1, 1), "VALID")[0, :, :, 0]
+      Array([[45., 54.],
+             [81., 90.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNative``.
+    """
+    op = "depthwise_conv2d"
+    x = _checks.floating_array(op, "input", input)
+    f = same_dtype(op, x, "filter", filter)
+    check_rank(op, "input", x.shape)
+    check_rank(op, "filter", f.shape)
+    conv = configure(
+        op, x.shape, f.shape, strides, padding, data_format, dilations, explicit_paddings
+    )
+    return _conv(x, f, conv, _implementation.check(op, implementation))
+
+
+def depthwise_conv2d_backprop_input(
+    input_sizes: Sequence[int],
+    filter: ArrayLike,
+    out_backprop: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+    implementation: str | None = None,
+) -> jax.Array:
+    """The gradient of ``depthwise_conv2d`` with respect to its input.
+
+    The exact adjoint of the forward sum in ``x``: each output gradient flows back
+    through every tap to the input pixel that tap read, and contributions to
+    padding are dropped::
+
+      dx[b, p, r, k] = sum over (i, j, di, dj, q) with p = i*sh - top + di*dh and
+          r = j*sw - left + dj*dw of out_backprop[b, i, j, k*M + q] * filter[di, dj, k, q]
+
+    Each residue class of input pixels modulo the stride is computed as a
+    fixed-order sum over the taps that reach it (no scatter), so the result is
+    bitwise reproducible. Differentiable: the VJP with respect
+    to ``filter`` is ``depthwise_conv2d_backprop_filter(c, filter.shape,
+    out_backprop)`` and with respect to ``out_backprop`` is
+    ``depthwise_conv2d(c, filter)``.
+
+    Args:
+      input_sizes: the forward input's shape, 4 non-negative ints in
+        ``data_format`` order.
+      filter: ``[fh, fw, C, M]``, floating.
+      out_backprop: the gradient of the forward output, ``[N, out_h, out_w, C*M]``
+        (NHWC) or ``[N, C*M, out_h, out_w]`` (NCHW), the dtype of ``filter``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+      implementation: which arithmetic computes the op, as in
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
+        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
+        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
+        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
+        interpreted on the CPU (slow: for tests). All give the same results up to
+        float rounding, each bitwise reproducible.
+
+    Returns:
+      The gradient with respect to the input, shape ``input_sizes``, the dtype of
+      ``filter``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: as ``depthwise_conv2d``, and ``input_sizes`` that are not 4
+        non-negative ints or disagree with the filter, or an ``out_backprop`` whose
+        shape differs from the computed output shape.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> f = jnp.ones((3, 3, 1, 1), jnp.float32)
+      >>> dy = jnp.ones((1, 2, 2, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d_backprop_input((1, 4, 4, 1), f, dy, (1, 1), "VALID")[0, :, :, 0]
+      Array([[1., 2., 2., 1.],
+             [2., 4., 4., 2.],
+             [2., 4., 4., 2.],
+             [1., 2., 2., 1.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNativeBackpropInput``.
+    """
+    op = "depthwise_conv2d_backprop_input"
+    f = _checks.floating_array(op, "filter", filter)
+    dy = same_dtype(op, f, "out_backprop", out_backprop)
+    sizes = check_sizes(op, "input_sizes", input_sizes)
+    check_rank(op, "filter", f.shape)
+    check_rank(op, "out_backprop", dy.shape)
+    conv = configure(
+        op, sizes, f.shape, strides, padding, data_format, dilations, explicit_paddings
+    )
+    check_out_backprop(op, conv, dy.shape)
+    return _backprop_input(f, dy, conv, _implementation.check(op, implementation))
+
+
+def depthwise_conv2d_backprop_filter(
+    input: ArrayLike,
+    filter_sizes: Sequence[int],
+    out_backprop: ArrayLike,
+    strides: Sequence[int],
+    padding: str,
+    *,
+    data_format: str = "NHWC",
+    dilations: Sequence[int] = (1, 1, 1, 1),
+    explicit_paddings: Sequence[int] = (),
+    implementation: str | None = None,
+) -> jax.Array:
+    """The gradient of ``depthwise_conv2d`` with respect to its filter.
+
+    The exact adjoint of the forward sum in ``filter``::
+
+      df[di, dj, k, q] = sum over (b, i, j) of
+          x[b, i*sh - top + di*dh, j*sw - left + dj*dw, k] * out_backprop[b, i, j, k*M + q]
+
+    with reads outside the input being 0. Each tap's sum runs over the batch and
+    the output pixels in a fixed order, in float32 for half types. Differentiable:
+    the VJP with respect to ``input`` is ``depthwise_conv2d_backprop_input(
+    input.shape, c, out_backprop)`` and with respect to ``out_backprop`` is
+    ``depthwise_conv2d(input, c)``.
+
+    Args:
+      input: the forward input, 4-D in ``data_format`` order, floating.
+      filter_sizes: the filter's shape ``[fh, fw, C, M]``, 4 non-negative ints.
+      out_backprop: the gradient of the forward output, the dtype of ``input``.
+      strides: the window's stride, 4 ints in ``data_format`` order with batch and
+        channel entries 1 (TensorFlow's form), or 2 ints (height, width). Unequal
+        height and width strides are supported.
+      padding: ``"SAME"`` (output ``ceil(n / s)``, the odd padding pixel at the
+        bottom/right), ``"VALID"`` (no padding) or ``"EXPLICIT"``.
+      data_format: ``"NHWC"`` or ``"NCHW"``.
+      dilations: the filter's dilation, in the same two forms as ``strides``.
+        Dilations together with strides are supported.
+      explicit_paddings: with ``padding="EXPLICIT"``, 8 non-negative ints: a
+        (before, after) pair per dimension in ``data_format`` order, zero for batch
+        and channels.
+      implementation: which arithmetic computes the op, as in
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
+        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
+        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
+        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
+        interpreted on the CPU (slow: for tests). All give the same results up to
+        float rounding, each bitwise reproducible.
+
+    Returns:
+      The gradient with respect to the filter, shape ``filter_sizes``, the dtype
+      of ``input``.
+
+    Raises:
+      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      ValueError: as ``depthwise_conv2d``, and ``filter_sizes`` that are not 4
+        non-negative ints or disagree with the input, or an ``out_backprop`` whose
+        shape differs from the computed output shape.
+
+    Examples:
+      >>> import jax.numpy as jnp, jaxgrad
+      >>> x = jnp.arange(16, dtype=jnp.float32).reshape(1, 4, 4, 1)
+      >>> dy = jnp.ones((1, 2, 2, 1), jnp.float32)
+      >>> jaxgrad.depthwise_conv2d_backprop_filter(x, (3, 3, 1, 1), dy, (1, 1), "VALID")[:, :, 0, 0]
+      Array([[10., 14., 18.],
+             [26., 30., 34.],
+             [42., 46., 50.]], dtype=float32)
+
+    References:
+      TensorFlow, ``tf.raw_ops.DepthwiseConv2dNativeBackpropFilter``.
+    """
+    op = "depthwise_conv2d_backprop_filter"
+    x = _checks.floating_array(op, "input", input)
+    dy = same_dtype(op, x, "out_backprop", out_backprop)
+    sizes = check_sizes(op, "filter_sizes", filter_sizes)
+    check_rank(op, "input", x.shape)
+    check_rank(op, "out_backprop", dy.shape)
+    conv = configure(
+        op, x.shape, sizes, strides, padding, data_format, dilations, explicit_paddings
+    )
+    check_out_backprop(op, conv, dy.shape)
+    return _backprop_filter(x, dy, conv, _implementation.check(op, implementation))
+
+
+# --------------------------------------------------------------------------------------
+# The arithmetic, from the chosen implementation
+# --------------------------------------------------------------------------------------
+
+
+def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
+    """Whether ``implementation=None`` takes the kernels on a CUDA GPU: every
+    configuration, in the dtypes training runs in (float64 stays on "xla")."""
+    del conv  # the kernels cover every stride, dilation, padding, layout and multiplier
+    return jax.numpy.dtype(dtype) != jax.numpy.float64
+
+
+def _run(op: str, impl: str | None, conv: Conv, xla, pallas, *args: jax.Array) -> jax.Array:  # type: ignore[no-untyped-def]
+    return _implementation.run(
+        op,
+        impl,
+        args,
+        xla=functools.partial(xla, conv=conv),
+        pallas=functools.partial(pallas, conv=conv),
+        pallas_available=_pallas.AVAILABLE,
+        pallas_preferred=_preferred(conv, args[0].dtype),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Custom VJPs: each op's backward is built from the other two, with the same
+# implementation, so the set is closed under differentiation
+# --------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
+    return _run("depthwise_conv2d", impl, conv, _xla.forward, _pallas.forward, x, f)
+
+
+def _conv_fwd(
+    x: jax.Array, f: jax.Array, conv: Conv, impl: str | None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _conv(x, f, conv, impl), (x, f)
+
+
+def _conv_bwd(
+    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], g: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    x, f = residuals
+    return _backprop_input(f, g, conv, impl), _backprop_filter(x, g, conv, impl)
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
+    return _run(
+        "depthwise_conv2d_backprop_input",
+        impl,
+        conv,
+        _xla.input_gradient,
+        _pallas.input_gradient,
+        f,
+        dy,
+    )
+
+
+def _backprop_input_fwd(
+    f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _backprop_input(f, dy, conv, impl), (f, dy)
+
+
+def _backprop_input_bwd(
+    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    f, dy = residuals
+    return _backprop_filter(c, dy, conv, impl), _conv(c, f, conv, impl)
+
+
+_backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
+    return _run(
+        "depthwise_conv2d_backprop_filter",
+        impl,
+        conv,
+        _xla.filter_gradient,
+        _pallas.filter_gradient,
+        x,
+        dy,
+    )
+
+
+def _backprop_filter_fwd(
+    x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _backprop_filter(x, dy, conv, impl), (x, dy)
+
+
+def _backprop_filter_bwd(
+    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    x, dy = residuals
+    return _backprop_input(c, dy, conv, impl), _conv(x, c, conv, impl)
+
+
+_backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)

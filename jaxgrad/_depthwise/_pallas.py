@@ -1,0 +1,381 @@
+"""The depthwise ops as Pallas kernels: Triton on CUDA GPUs, interpret mode on the CPU.
+
+Every kernel works on tiles of one image row, ``[columns, channels]`` whatever
+the layout: a tile is read with index vectors along both axes, so NHWC and NCHW
+differ only in which of the array's axes those vectors address. Reads outside
+the input (padding) are masked loads, never a padded copy. A program owns a
+block of rows, and its float32 sums (float64 for float64) run over the filter
+taps in one fixed order, so every result is the same bits on every run: no
+atomics, and no reduction left for a compiler to retile.
+
+- forward: a program writes a block of output rows; each output tile is the sum
+  over the taps of the input tile the tap reads times the tap.
+- input gradient: a program writes a block of input rows; each input pixel sums,
+  over the taps and multipliers, the output-gradient pixels that read it through
+  that tap (a gather: lanes no tap reaches at this stride are masked).
+- filter gradient: a program sums ``window * dy`` over a block of rows for a
+  group of taps, in registers, and writes one partial per tap; a second, small
+  kernel adds the partials of all programs up in a fixed order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxgrad import _checks
+from jaxgrad._depthwise._plan import Conv
+
+try:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
+except ImportError:  # a JAX without Pallas' Triton backend
+    AVAILABLE = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tiles:
+    """How a kernel cuts its work: powers of two, as Triton's blocks must be."""
+
+    cols: int  # columns per tile
+    channels: int  # channels per tile
+    rows: int  # rows per program
+    warps: int = 4
+
+
+def _tiles(conv: Conv) -> _Tiles:
+    # Loads are coalesced along the array's minor axis: channels in NHWC, columns
+    # in NCHW, so that axis gets the wide side of the tile.
+    if conv.nchw:
+        return _Tiles(cols=64, channels=8, rows=8)
+    return _Tiles(cols=16, channels=32, rows=8)
+
+
+# Taps whose float32 sums one filter-gradient program keeps in registers at once.
+_TAPS_PER_PROGRAM = 16
+
+
+def _call(
+    kernel: Callable[..., None],
+    out_shape: jax.ShapeDtypeStruct,
+    grid: tuple[int, ...],
+    tiles: _Tiles,
+    interpret: bool,
+    *args: jax.Array,
+) -> jax.Array:
+    params = None if interpret else plgpu.CompilerParams(num_warps=tiles.warps, num_stages=2)
+    return pl.pallas_call(
+        kernel, out_shape=out_shape, grid=grid, interpret=interpret, compiler_params=params
+    )(*args)
+
+
+def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
+    """Orders (image, row, columns, channels) indices as the array's axes."""
+    if conv.nchw:
+        return lambda n, row, cols, chans: (n, chans, row, cols)
+    return lambda n, row, cols, chans: (n, row, cols, chans)
+
+
+def _read(ref: Any, conv: Conv, n: Any, row: Any, cols: Any, chans: Any, dtype: Any) -> jax.Array:
+    """The ``[len(cols), len(chans)]`` tile of a 4-D array at one row, as ``dtype``,
+    zero where the row, a column or a channel lies outside the array."""
+    h_axis, w_axis, c_axis = (2, 3, 1) if conv.nchw else (1, 2, 3)
+    h, w, c = ref.shape[h_axis], ref.shape[w_axis], ref.shape[c_axis]
+    inside = (
+        ((row >= 0) & (row < h))
+        & ((cols >= 0) & (cols < w))[:, None]
+        & ((chans >= 0) & (chans < c))[None, :]
+    )
+    # Masked lanes read nothing on the GPU; their indices are clamped into the
+    # array all the same, so that interpret mode's gather stays in bounds.
+    index = _layout(conv)(
+        n,
+        jnp.clip(row, 0, h - 1),
+        jnp.clip(cols, 0, w - 1)[:, None],
+        jnp.clip(chans, 0, c - 1)[None, :],
+    )
+    tile = plgpu.load(ref.at[index], mask=inside, other=0)
+    return tile.astype(dtype)
+
+
+def _write(ref: Any, conv: Conv, n: Any, row: Any, cols: Any, chans: Any, tile: jax.Array) -> None:
+    """Stores a tile at one row; lanes outside the array are not written."""
+    h_axis, w_axis, c_axis = (2, 3, 1) if conv.nchw else (1, 2, 3)
+    h, w, c = ref.shape[h_axis], ref.shape[w_axis], ref.shape[c_axis]
+    cols_in, chans_in = cols < w, chans < c
+    inside = (row < h) & cols_in[:, None] & chans_in[None, :]
+    # Masked lanes point one past the end, where interpret mode's scatter drops
+    # them (clamped, they would race the lane that owns that element).
+    index = _layout(conv)(
+        n,
+        jnp.minimum(row, h),
+        jnp.where(cols_in, cols, w)[:, None],
+        jnp.where(chans_in, chans, c)[None, :],
+    )
+    plgpu.store(ref.at[index], tile.astype(ref.dtype), mask=inside)
+
+
+def _tap_vector(f_ref: Any, tap: int, chans: Any, dtype: Any) -> jax.Array:
+    """One filter tap for a tile's output channels, from the filter as [taps, C * M]."""
+    size = f_ref.shape[1]
+    inside = chans < size
+    return plgpu.load(f_ref.at[tap, jnp.clip(chans, 0, size - 1)], mask=inside, other=0).astype(
+        dtype
+    )
+
+
+def _lanes(block: int, size: int) -> jax.Array:
+    return block * size + jnp.arange(size, dtype=jnp.int32)
+
+
+def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
+    """Zeros when there is nothing to compute (a zero-size array anywhere)."""
+    sizes = (conv.batch, conv.channels, conv.multiplier, *conv.in_size, *conv.out_size)
+    return jnp.zeros(shape, dtype) if 0 in sizes else None
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+
+def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    row_blocks = pl.cdiv(conv.out_size[0], tiles.rows)
+    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * tiles.rows
+    out_chans = _lanes(pl.program_id(1), tiles.channels)
+    out_cols = _lanes(pl.program_id(2), tiles.cols)
+    in_chans = out_chans // conv.multiplier
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    fh, fw = conv.kernel
+    taps = [_tap_vector(f_ref, t, out_chans, dtype) for t in range(fh * fw)]
+
+    def row(r: Any, carry: None) -> None:
+        i = first + r
+        total = jnp.zeros((tiles.cols, tiles.channels), dtype)
+        for di in range(fh):
+            for dj in range(fw):
+                window = _read(
+                    x_ref,
+                    conv,
+                    n,
+                    i * sh - top + di * dh,
+                    out_cols * sw - left + dj * dw,
+                    in_chans,
+                    dtype,
+                )
+                total = total + window * taps[di * fw + dj][None, :]
+        _write(y_ref, conv, n, i, out_cols, out_chans, total)
+        return carry
+
+    lax.fori_loop(0, tiles.rows, row, None)
+
+
+def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
+    empty = _empty(conv, conv.output_shape, x.dtype)
+    if empty is not None:
+        return empty
+    tiles = _tiles(conv)
+    fh, fw = conv.kernel
+    channels = conv.channels * conv.multiplier
+    grid = (
+        conv.batch * pl.cdiv(conv.out_size[0], tiles.rows),
+        pl.cdiv(channels, tiles.channels),
+        pl.cdiv(conv.out_size[1], tiles.cols),
+    )
+    kernel = functools.partial(_forward_kernel, conv=conv, tiles=tiles)
+    out = jax.ShapeDtypeStruct(conv.output_shape, x.dtype)
+    return _call(kernel, out, grid, tiles, interpret, x, f.reshape(fh * fw, channels))
+
+
+# --------------------------------------------------------------------------------------
+# Input gradient
+# --------------------------------------------------------------------------------------
+
+
+def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, Any]:
+    """The output index that reads ``position`` through a tap at ``offset``, and
+    whether there is one: ``position + offset`` must be a non-negative multiple
+    of ``stride`` below ``size * stride``."""
+    shifted = position + offset
+    start = jnp.maximum(shifted, 0)
+    index, valid = start, shifted >= 0
+    if stride > 1:
+        index = lax.div(start, stride)
+        valid = valid & (lax.rem(start, stride) == 0)
+    return index, valid & (index < size)
+
+
+def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+    dtype = _checks.compute_dtype(dy_ref.dtype)
+    m = conv.multiplier
+    row_blocks = pl.cdiv(conv.in_size[0], tiles.rows)
+    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * tiles.rows
+    chans = _lanes(pl.program_id(1), tiles.channels)
+    cols = _lanes(pl.program_id(2), tiles.cols)
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    fh, fw = conv.kernel
+    taps = [[_tap_vector(f_ref, t, chans * m + q, dtype) for q in range(m)] for t in range(fh * fw)]
+
+    def row(r: Any, carry: None) -> None:
+        p = first + r
+        total = jnp.zeros((tiles.cols, tiles.channels), dtype)
+        for di in range(fh):
+            i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
+            for dj in range(fw):
+                j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
+                # Rows and columns no output reads through this tap get index -1:
+                # masked by the read.
+                i_read = jnp.where(row_reached, i, -1)
+                j_read = jnp.where(col_reached, j, -1)
+                for q in range(m):
+                    grad = _read(dy_ref, conv, n, i_read, j_read, chans * m + q, dtype)
+                    total = total + grad * taps[di * fw + dj][q][None, :]
+        _write(dx_ref, conv, n, p, cols, chans, total)
+        return carry
+
+    lax.fori_loop(0, tiles.rows, row, None)
+
+
+def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
+    empty = _empty(conv, conv.input_shape, dy.dtype)
+    if empty is not None:
+        return empty
+    tiles = _tiles(conv)
+    fh, fw = conv.kernel
+    grid = (
+        conv.batch * pl.cdiv(conv.in_size[0], tiles.rows),
+        pl.cdiv(conv.channels, tiles.channels),
+        pl.cdiv(conv.in_size[1], tiles.cols),
+    )
+    kernel = functools.partial(_input_kernel, conv=conv, tiles=tiles)
+    out = jax.ShapeDtypeStruct(conv.input_shape, dy.dtype)
+    flat_f = f.reshape(fh * fw, conv.channels * conv.multiplier)
+    return _call(kernel, out, grid, tiles, interpret, flat_f, dy)
+
+
+# --------------------------------------------------------------------------------------
+# Filter gradient
+# --------------------------------------------------------------------------------------
+
+
+def _tap_groups(conv: Conv) -> list[tuple[int, int]]:
+    """The taps, flat index ``di * fw + dj``, cut into runs of whole filter rows of
+    at most ``_TAPS_PER_PROGRAM`` taps (one row when a row alone is longer)."""
+    fh, fw = conv.kernel
+    rows = max(1, _TAPS_PER_PROGRAM // fw)
+    return [(top * fw, min(top + rows, fh) * fw) for top in range(0, fh, rows)]
+
+
+def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    row_blocks = pl.cdiv(conv.out_size[0], tiles.rows)
+    program = pl.program_id(0)
+    n, first = program // row_blocks, program % row_blocks * tiles.rows
+    out_chans = _lanes(pl.program_id(1), tiles.channels)
+    in_chans = out_chans // conv.multiplier
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    fw = conv.kernel[1]
+    groups = _tap_groups(conv)
+    col_tiles = pl.cdiv(conv.out_size[1], tiles.cols)
+
+    def group_partials(start: int, stop: int) -> None:
+        def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            i = first + r
+            row_inside = i < conv.out_size[0]
+
+            def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+                cols = _lanes(c, tiles.cols)
+                cols_inside = cols < conv.out_size[1]
+                grad = _read(dy_ref, conv, n, i, cols, out_chans, dtype)
+                new = []
+                for t, total in zip(range(start, stop), sums, strict=True):
+                    di, dj = divmod(t, fw)
+                    # Past the last output row or column the window reads index
+                    # -1, masked: an infinite input there must not meet dy's zero.
+                    window = _read(
+                        x_ref,
+                        conv,
+                        n,
+                        jnp.where(row_inside, i * sh - top + di * dh, -1),
+                        jnp.where(cols_inside, cols * sw - left + dj * dw, -1),
+                        in_chans,
+                        dtype,
+                    )
+                    new.append(total + window * grad)
+                return tuple(new)
+
+            return lax.fori_loop(0, col_tiles, col_tile, sums)
+
+        zeros = jnp.zeros((tiles.cols, tiles.channels), dtype)
+        sums = lax.fori_loop(0, tiles.rows, row, (zeros,) * (stop - start))
+        size = part_ref.shape[2]
+        inside = out_chans < size
+        lanes = jnp.where(inside, out_chans, size)
+        for t, total in zip(range(start, stop), sums, strict=True):
+            plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=inside)
+
+    if len(groups) == 1:
+        group_partials(*groups[0])
+        return
+    # Each group of taps is its own program along grid axis 2.
+    for g, (start, stop) in enumerate(groups):
+        lax.cond(
+            pl.program_id(2) == g, functools.partial(group_partials, start, stop), lambda: None
+        )
+
+
+def _sum_kernel(part_ref: Any, out_ref: Any, *, block: int) -> None:
+    """Adds the partials of all programs up, program 0 first, in their dtype."""
+    size = part_ref.shape[1]
+    lanes = _lanes(pl.program_id(0), block)
+    inside = lanes < size
+    read = jnp.clip(lanes, 0, size - 1)
+
+    def add(p: Any, total: jax.Array) -> jax.Array:
+        return total + plgpu.load(part_ref.at[p, read], mask=inside, other=0)
+
+    total = lax.fori_loop(0, part_ref.shape[0], add, jnp.zeros((block,), part_ref.dtype))
+    plgpu.store(
+        out_ref.at[jnp.where(inside, lanes, size)], total.astype(out_ref.dtype), mask=inside
+    )
+
+
+_SUM_BLOCK = 256
+
+
+def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
+    empty = _empty(conv, conv.filter_shape, x.dtype)
+    if empty is not None:
+        return empty
+    tiles = _tiles(conv)
+    fh, fw = conv.kernel
+    channels = conv.channels * conv.multiplier
+    programs = conv.batch * pl.cdiv(conv.out_size[0], tiles.rows)
+    dtype = _checks.compute_dtype(x.dtype)
+    grid = (programs, pl.cdiv(channels, tiles.channels), len(_tap_groups(conv)))
+    kernel = functools.partial(_partials_kernel, conv=conv, tiles=tiles)
+    parts = jax.ShapeDtypeStruct((programs, fh * fw, channels), dtype)
+    partials = _call(kernel, parts, grid, tiles, interpret, x, dy)
+    size = fh * fw * channels
+    flat = jax.ShapeDtypeStruct((size,), x.dtype)
+    summed = _call(
+        functools.partial(_sum_kernel, block=_SUM_BLOCK),
+        flat,
+        (pl.cdiv(size, _SUM_BLOCK),),
+        tiles,
+        interpret,
+        partials.reshape(programs, size),
+    )
+    return summed.reshape(conv.filter_shape)

@@ -1,0 +1,449 @@
+"""The depthwise ops as a composition of jnp/lax operations, tuned for XLA:CPU.
+
+The portable implementation (``implementation="xla"``): it runs on every backend.
+All three ops are sums over the filter taps of shifted (strided, dilated) windows:
+the forward multiplies each window of the input by one tap; the input gradient,
+split by the residue of the input index modulo the stride (polyphase), sums
+shifted windows of the output gradient times taps; and the filter gradient
+multiplies each window by the output gradient and sums. Sums run over the taps in
+a fixed order, in float32 for half types: deterministic, and no scatter anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxgrad import _bits, _checks, _tiles
+from jaxgrad._depthwise._plan import Conv
+
+
+def _spatial_axes(conv: Conv) -> tuple[int, int]:
+    return (3, 4) if conv.nchw else (1, 2)
+
+
+def _five_d(v: jax.Array, conv: Conv, multiplier: int) -> jax.Array:
+    """Splits the channel axis of a 4-D array into (C, multiplier)."""
+    n, a, b, c = v.shape
+    if conv.nchw:
+        return v.reshape(n, conv.channels, multiplier, b, c)
+    return v.reshape(n, a, b, conv.channels, multiplier)
+
+
+def _four_d(v: jax.Array, conv: Conv) -> jax.Array:
+    """Merges (C, M) back into one channel axis, channel k*M + q."""
+    if conv.nchw:
+        n, c, m, h, w = v.shape
+        return v.reshape(n, c * m, h, w)
+    n, h, w, c, m = v.shape
+    return v.reshape(n, h, w, c * m)
+
+
+def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
+    """Tap (di, dj) of the filter, [C, M], shaped to broadcast against the 5-D view."""
+    tap = f[di, dj]
+    return tap.reshape(1, *tap.shape, 1, 1) if conv.nchw else tap.reshape(1, 1, 1, *tap.shape)
+
+
+# Every term of the three ops reads a shifted (strided, dilated) window of an array,
+# with zeros where the window leaves the array. A window is a run of positions per
+# spatial axis, a ``range``. Two ways to read one:
+#
+# - Gathered: slice a window that lies inside the array; gather one that does
+#   not, with the positions clamped into the array, and mask the padding to zero.
+#   No padded copy, and no float32 copy of a bfloat16 array: that is read as
+#   16-bit words and each window widened after the read (`_bits`). Gathered
+#   windows stop XLA:CPU from vectorizing the whole loop, so each op cuts its
+#   output into blocks along both spatial axes (`_Reader.runs`): the large middle
+#   block, whose windows all lie inside, is pure slices, and only the thin border
+#   blocks gather; `_tile` concatenates the blocks back together.
+# - Padded (the strided input gradient, whose phases interleave, and the NCHW
+#   half-precision forward and input gradient): pad the array once and slice each
+#   window out of the padded copy. XLA:CPU never fuses a pad that several slices
+#   read, so this writes that copy first.
+#
+# In NCHW, W is the minor axis, and XLA:CPU does not fuse a concatenation along
+# it; `_tile` joins the blocks along W last, one copy of the output. Measured
+# against the padded copy, old -> new, ms, interleaved, [8, 64, 64, 64] NCHW:
+#   float32   forward 3x3 (1.6, 2.5, 1.6, 2.2, 2.0) -> (1.5, 1.2, 2.0, 2.3, 2.1),
+#             5x5 stride 2 M=2 4.1 -> 3.7, 3x3 M=2 2.8 -> 2.3;
+#             input gradient 3x3 (1.3, 1.9, 2.1) -> (1.2, 1.3, 1.5), 3x3 M=2 4.6 -> 3.5;
+#             filter gradient 3x3 (9.2, 6.8, 8.3) -> (7.5, 5.8, 6.5), 3x3 M=2 11.2 -> 9.9,
+#             5x5 stride 2 M=2 13.9 -> 11.4
+#   bfloat16  filter gradient 3x3 (13.4, 12.5, 8.0, 14.0) -> (7.0, 8.2, 5.3, 7.2),
+#             5x5 stride 2 M=2 (9.5, 12.1) -> (11.3, 13.3): slower, kept for one rule;
+#             forward 3x3 (1.6, 1.4) -> (3.0, 2.5) and input gradient (1.8, 1.1) ->
+#             (2.7, 1.8): slower, so these keep the padded copy. Gathered, the
+#             widening of every window was merged into one float32 copy of the
+#             input; gathered as 16-bit words, they are still slower: forward
+#             (1.0, 2.3) -> (1.7, 3.2), input gradient (2.2, 2.2) -> (2.5, 2.2).
+#
+# Measured on [8, 64, 64, 64] float32 NHWC, interleaved in one run, ms, before
+# (padded, or gathered without blocks for multiplier 1) -> after:
+#   forward          3x3 1.6-2.3 -> 1.3-1.7, 5x5 stride 2 M=2 5.6 -> 1.6,
+#                    3x3 M=2 5.5-7.5 -> 2.1-3.1, 5x5 5.0 -> 2.9
+#   input gradient   3x3 1.5-2.3 -> 1.1, 3x3 M=2 5.1 -> 1.9
+#   filter gradient  5x5 stride 2 M=2 6.9 -> 5.3, 3x3 M=2 9.9 -> 8.1
+# For the strided input gradient, blocks inside interleaved phases made the loop
+# slower instead (5x5 stride 2 M=2: 2.1 padded, 6.3 gathered in blocks).
+@dataclasses.dataclass(frozen=True)
+class _Reader:
+    """``reader(rows, cols)``: an array at those spatial positions, zero outside it."""
+
+    array: jax.Array  # 5-D; padded by ``pads`` unless gathered
+    axes: tuple[int, int]  # the spatial axes of ``array``
+    pads: tuple[tuple[int, int], ...]  # (before, after) per spatial axis
+    gathered: bool
+    # ``array`` is float16, or bfloat16 held as its 16-bit words; each window is
+    # widened to float32 after it is read.
+    half: bool = False
+
+    def __call__(self, rows: range, cols: range) -> jax.Array:
+        if self.gathered:
+            window = _gather_window(self.array, tuple(zip(self.axes, (rows, cols), strict=True)))
+            if not self.half:
+                return window
+            if window.dtype == jnp.uint16:
+                return _bits.widen(window)
+            return window.astype(jnp.float32)
+        window = self.array
+        for axis, run, (before, _) in zip(self.axes, (rows, cols), self.pads, strict=True):
+            window = _slice_run(
+                window, axis, range(run.start + before, run.stop + before, run.step)
+            )
+        return window
+
+    def runs(self, out: int, n: int, offsets: Sequence[int], stride: int) -> list[range]:
+        """The blocks of ``range(out)`` along one axis whose windows are all inside or not.
+
+        Output ``i`` reads positions ``i * stride + offset`` of an axis of length
+        ``n``. Gathered, the outputs are cut before and after those that read
+        inside for every offset (empty blocks left out); padded, nothing is cut.
+        """
+        if not self.gathered:
+            return [range(out)]
+        first = min(out, max(0, -(min(offsets) // stride)))
+        stop = min(out, max(first, (n - 1 - max(offsets)) // stride + 1))
+        runs = [run for run in (range(first), range(first, stop), range(stop, out)) if run]
+        return runs or [range(out)]  # out == 0: one empty block keeps the shape
+
+
+def _reader(
+    v5: jax.Array, conv: Conv, pads: Sequence[tuple[int, int]], dtype: Any, *, gather: bool
+) -> _Reader:
+    """A reader of windows of ``v5`` as ``dtype``, gathered or sliced from a padded copy.
+
+    ``pads`` bounds how far outside (before, after) any window reaches, per axis.
+    """
+    axes = _spatial_axes(conv)
+    pads = tuple(pads)
+    if gather and v5.dtype in (jnp.bfloat16, jnp.float16) and dtype == jnp.float32:
+        # Half types are read in place and each window widened, instead of a
+        # float32 copy of the whole input written first. bfloat16 is read as its
+        # 16-bit words and widened with a shift: XLA:CPU moves a bfloat16 convert
+        # up onto the whole input, but not a float16 one. [8, 64, 64, 64], ms,
+        # float32 copy -> widened per window, interleaved:
+        #   bfloat16  filter gradient 3x3 NHWC 5.0 -> 4.0, 4.1 -> 3.2; NCHW 5.4 ->
+        #             4.1, 6.1 -> 5.2; 5x5 stride 2 M=2 6.3 -> 5.0, 8.4 -> 6.7;
+        #             NHWC forward 3x3 1.6 -> 1.4, 2.2 -> 1.9; input gradient level.
+        #   float16   NHWC 3x3 forward 2.4 -> 1.0, 1.7 -> 0.9; input gradient 2.5 ->
+        #             1.7, 1.9 -> 1.0; filter gradient 5.5 -> 4.9, 4.9 -> 2.7; NCHW
+        #             3x3 filter gradient 6.4 -> 4.6, 6.6 -> 5.2; 5x5 stride 2 M=2
+        #             forward 3.5 -> 2.3, 2.8 -> 1.5, filter gradient 5.9 -> 6.1,
+        #             7.0 -> 5.0, input gradient 2.0 -> 1.7, 1.7 -> 1.9.
+        array = _bits.words(v5) if v5.dtype == jnp.bfloat16 else v5
+        return _Reader(array, axes, pads, gathered=True, half=True)
+    if gather:
+        return _Reader(v5.astype(dtype), axes, pads, gathered=True)
+    config = [(0, 0, 0)] * 5
+    for axis, (before, after) in zip(axes, pads, strict=True):
+        config[axis] = (before, after, 0)
+    padded = lax.pad(v5, jnp.zeros((), v5.dtype), config)
+    if padded.dtype != dtype:
+        # Widened behind a barrier: XLA would otherwise read the windows that lie
+        # inside from a second, separately written float32 copy of ``v5`` (the
+        # NCHW bfloat16 filter gradient, when it still read a padded copy: 19-21
+        # ms with that copy, 9.8 ms without).
+        padded = lax.optimization_barrier(padded.astype(dtype))  # type: ignore[no-untyped-call]
+    return _Reader(padded, axes, pads, gathered=False)
+
+
+def _slice_run(v: jax.Array, axis: int, run: range) -> jax.Array:
+    """``v`` at a run of positions inside it along ``axis``: a strided slice."""
+    limit = run.start + (len(run) - 1) * run.step + 1 if len(run) else run.start
+    return lax.slice_in_dim(v, run.start, limit, run.step, axis)
+
+
+def _gather_window(v: jax.Array, runs: Sequence[tuple[int, range]]) -> jax.Array:
+    """``v`` at a run of positions along each of some axes, zero outside ``v``."""
+    inside_masks = []
+    for axis, run in runs:
+        n = v.shape[axis]
+        index = np.arange(run.start, run.stop, run.step)
+        inside = (index >= 0) & (index < n)
+        if inside.all():
+            v = _slice_run(v, axis, run)
+            continue
+        if n == 0:  # every position is padding
+            shape = list(v.shape)
+            shape[axis] = len(index)
+            v = jnp.zeros(shape, v.dtype)
+        else:
+            v = jnp.take(v, np.clip(index, 0, n - 1), axis=axis, mode="clip")
+        shape = [1] * v.ndim
+        shape[axis] = len(index)
+        inside_masks.append(inside.reshape(shape))
+    if inside_masks:
+        v = jnp.where(functools.reduce(operator.and_, inside_masks), v, jnp.zeros((), v.dtype))
+    return v
+
+
+def _tile(
+    block: Callable[[range, range], jax.Array],
+    row_runs: Sequence[range],
+    col_runs: Sequence[range],
+    conv: Conv,
+) -> jax.Array:
+    """``block(rows, cols)`` for each pair of runs, concatenated into one array.
+
+    XLA:CPU fuses the blocks into a concatenation, except along the minor
+    dimension (W in NCHW). So in NCHW the blocks are joined into columns first,
+    which fuses, and the columns along W last, one copy.
+    """
+    h_axis, w_axis = _spatial_axes(conv)
+    cuts = [(h_axis, row_runs), (w_axis, col_runs)]
+    if conv.nchw:
+        cuts.reverse()
+    return _tiles.tile(lambda runs: block(runs[h_axis], runs[w_axis]), cuts)
+
+
+def _window(read: _Reader, di: int, dj: int, conv: Conv, rows: range, cols: range) -> jax.Array:
+    """The input pixels tap (di, dj) reads for the output pixels ``rows`` x ``cols``."""
+    runs = [
+        range(t * d - before + out.start * s, t * d - before + out.stop * s, s)
+        for t, s, d, (before, _), out in zip(
+            (di, dj), conv.strides, conv.dilations, conv.pads, (rows, cols), strict=True
+        )
+    ]
+    return read(runs[0], runs[1])
+
+
+def _window_runs(read: _Reader, conv: Conv, axis: int, taps: Sequence[int]) -> list[range]:
+    """``read.runs`` for the output positions along spatial ``axis`` (0 or 1), read
+    through the given taps."""
+    before, d = conv.pads[axis][0], conv.dilations[axis]
+    offsets = [t * d - before for t in taps]
+    return read.runs(conv.out_size[axis], conv.in_size[axis], offsets, conv.strides[axis])
+
+
+def _taps(conv: Conv) -> list[tuple[int, int]]:
+    return [(di, dj) for di in range(conv.kernel[0]) for dj in range(conv.kernel[1])]
+
+
+def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
+    dtype = _checks.compute_dtype(x.dtype)
+    gather = not conv.nchw or dtype == x.dtype
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather)
+    f = f.astype(dtype)
+
+    def block(rows: range, cols: range) -> jax.Array:
+        return functools.reduce(
+            operator.add,
+            (
+                _window(read, di, dj, conv, rows, cols) * _filter_tap(f, di, dj, conv)
+                for di, dj in _taps(conv)
+            ),
+        )
+
+    return _four_d(
+        _tile(
+            block,
+            _window_runs(read, conv, 0, range(conv.kernel[0])),
+            _window_runs(read, conv, 1, range(conv.kernel[1])),
+            conv,
+        ),
+        conv,
+    ).astype(x.dtype)
+
+
+def _phases(
+    n: int, out: int, k: int, s: int, d: int, before: int
+) -> tuple[int, list[list[tuple[int, int]]], tuple[int, int]]:
+    """The input gradient along one axis, split by the residue of the input index.
+
+    Input pixel ``p = r + s*u`` receives tap ``t`` from output ``i = u + c`` exactly
+    when ``(r + before - t*d)`` is a multiple of ``s``, with ``c`` that multiple
+    divided by ``s``. Returns the phase length ``ceil(n / s)``, the ``(t, c)`` pairs
+    of each residue ``r``, and the zero padding of the gradient that keeps every
+    ``u + c`` in range.
+    """
+    length = -(-n // s)
+    phases = [
+        [(t, (r + before - t * d) // s) for t in range(k) if (r + before - t * d) % s == 0]
+        for r in range(s)
+    ]
+    offsets = [c for taps in phases for _, c in taps] or [0]
+    return length, phases, (max(0, -min(offsets)), max(0, max(offsets) + length - out))
+
+
+def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
+    """``out[r + s*u] = phases[r][u]`` along ``axis``, cropped to ``size``."""
+    if len(phases) == 1:
+        stacked = phases[0]
+    else:
+        stacked = jnp.stack(phases, axis=axis + 1)
+        shape = list(phases[0].shape)
+        shape[axis] *= len(phases)
+        stacked = stacked.reshape(shape)
+    return lax.slice_in_dim(stacked, 0, size, axis=axis)
+
+
+def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    # Polyphase: the input pixels of one residue class per axis receive a fixed set
+    # of taps at shifts that do not depend on the pixel, so each class is a stride-1
+    # shifted sum over the gradient, and the classes interleave back into place.
+    # (Spreading the gradient with interior padding instead was 66x slower for 5x5
+    # stride 2: 178.6 ms against 2.69 ms, benchmarks/depthwise.py.) Each multiplier
+    # slice sums its taps, and the slices are summed with explicit adds: no
+    # reduction, no scatter.
+    dtype = _checks.compute_dtype(dy.dtype)
+    dy5 = _five_d(dy, conv, conv.multiplier)
+    f = f.astype(dtype)
+    h_axis, w_axis = _spatial_axes(conv)
+    m_axis = 2 if conv.nchw else 4
+    plans = [
+        _phases(n, o, k, s, d, before)
+        for n, o, k, s, d, (before, _) in zip(
+            conv.in_size,
+            conv.out_size,
+            conv.kernel,
+            conv.strides,
+            conv.dilations,
+            conv.pads,
+            strict=True,
+        )
+    ]
+    (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
+    gather = (not conv.nchw or dtype == dy.dtype) and conv.strides == (1, 1)
+    read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather)
+
+    def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
+        if not h_taps or not w_taps:  # no tap reaches this residue class
+            shape = list(dy5.shape)
+            shape[h_axis], shape[w_axis], shape[m_axis] = rows, cols, 1
+            return jnp.zeros(shape, dtype)
+
+        def block(block_rows: range, block_cols: range) -> jax.Array:
+            total = functools.reduce(
+                operator.add,
+                (
+                    read(
+                        range(ch + block_rows.start, ch + block_rows.stop),
+                        range(cw + block_cols.start, cw + block_cols.stop),
+                    )
+                    * _filter_tap(f, th, tw, conv)
+                    for th, ch in h_taps
+                    for tw, cw in w_taps
+                ),
+            )
+            return functools.reduce(
+                operator.add,
+                (lax.slice_in_dim(total, q, q + 1, axis=m_axis) for q in range(conv.multiplier)),
+            )
+
+        row_runs = read.runs(rows, conv.out_size[0], [c for _, c in h_taps], 1)
+        col_runs = read.runs(cols, conv.out_size[1], [c for _, c in w_taps], 1)
+        return _tile(block, row_runs, col_runs, conv)
+
+    by_rows = [
+        _interleave([phase(h, w) for w in w_phases], w_axis, conv.in_size[1]) for h in h_phases
+    ]
+    return _four_d(_interleave(by_rows, h_axis, conv.in_size[0]), conv).astype(dy.dtype)
+
+
+# The filter gradient's reduction runs in two stages. XLA:CPU emits a reduction
+# whose input is a shifted slice as a slow scalar loop (40-60 ms for 3x3 taps on
+# [8, 64, 64, 64]), but runs elementwise fusions and reductions of whole arrays at
+# memory speed. So stage 1 adds up blocks of output rows with explicit adds, each
+# term slicing the input and the gradient itself (a product shared by many slices
+# gets materialized), and stage 2 reduces that small, whole array. Measured on
+# [8, 64, 64, 64] 3x3: 56 ms before, about 6 ms after; benchmarks/depthwise.py.
+_ROW_BLOCKS = 8
+# Taps per stage-1 fusion (see below). Filter gradient on [8, 64, 64, 64], ms, in
+# one interleaved run; "before" stacked all taps at once (and sliced the windows
+# out of a padded copy):
+#                           before   1 kernel row   9 taps   15 taps   all taps
+#   3x3 NHWC M=1              6.4        4.9          3.8      3.5       3.3
+#   3x3 NHWC M=2             34.1       13.8         12.1     11.2      11.2
+#   3x3 NCHW M=1             11.1       10.2          7.9      7.6       7.6
+#   5x5 NHWC M=1             37.9        9.8          9.6      7.8      10.1
+#   5x5 stride 2 NHWC M=2     6.3        5.4          5.8      9.3      10.6
+_TAPS_PER_FUSION = 9
+
+
+def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    dtype = _checks.compute_dtype(x.dtype)
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
+    # A float16 dy stays float16 and each slice is widened where it is read, as
+    # the windows are (_reader): 3x3 on [8, 64, 64, 64], ms, interleaved, float32
+    # copy -> per slice: NHWC 3.2 -> 2.5, 3.4 -> 4.1, 4.1 -> 2.9; NCHW 6.2 -> 6.0,
+    # 5.9 -> 4.5, 6.3 -> 4.4; 5x5 stride 2 M=2 7.1 -> 6.4, 6.0 -> 4.7, 6.0 -> 4.8.
+    dy5 = _five_d(dy, conv, conv.multiplier)
+    if dy5.dtype != jnp.float16:
+        dy5 = dy5.astype(dtype)
+    row_axis, col_axis = _spatial_axes(conv)
+    out_rows = conv.out_size[0]
+    block = -(-out_rows // _ROW_BLOCKS)
+
+    def block_term(di: int, dj: int, first: int) -> jax.Array:
+        def product(rows: range, cols: range) -> jax.Array:
+            window = _window(read, di, dj, conv, rows, cols)
+            grad = _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols)
+            return window * grad.astype(dtype)
+
+        rows = range(first, min(first + block, out_rows))
+        term = _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
+        if len(rows) < block:  # the last block is short: pad it with zero rows
+            config = [(0, 0, 0)] * 5
+            config[row_axis] = (0, block - len(rows), 0)
+            term = lax.pad(term, jnp.zeros((), dtype), config)
+        return term
+
+    def tap_rows(di: int, dj: int) -> jax.Array:
+        return functools.reduce(
+            operator.add, (block_term(di, dj, first) for first in range(0, out_rows, block))
+        )
+
+    # Stacking the taps' partial sums before a reduction keeps stage 1 in XLA's own
+    # loop fusion (reduced directly, its slices would be copied out one by one to
+    # feed the library reduction). Stacked after the batch axis, the taps of one
+    # image are computed while that image is in cache. Stacked kernel row by kernel
+    # row, because XLA:CPU fuses a concatenate of at most 8 operands, and at most
+    # _TAPS_PER_FUSION taps per stack: more made the strided 5x5 case slower (table
+    # above), and beyond 15 taps XLA:CPU copies out the gradient blocks they share.
+    fh, fw = conv.kernel
+    reduced = (0, 5, 6) if conv.nchw else (0, 3, 4)
+
+    def kernel_rows_gradient(kernel_rows: range) -> jax.Array:
+        partial = jnp.stack(
+            [jnp.stack([tap_rows(di, dj) for dj in range(fw)], axis=1) for di in kernel_rows],
+            axis=1,
+        )
+        return jnp.sum(partial, axis=reduced)
+
+    rows_per_stack = max(1, _TAPS_PER_FUSION // fw)
+    grad = jnp.concatenate(
+        [
+            kernel_rows_gradient(range(top, min(top + rows_per_stack, fh)))
+            for top in range(0, fh, rows_per_stack)
+        ]
+    )
+    return grad.reshape(conv.filter_shape).astype(x.dtype)

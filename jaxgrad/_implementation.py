@@ -1,0 +1,99 @@
+"""The seam between an op's meaning and its arithmetic: the ``implementation=`` keyword.
+
+An op family validates its arguments, computes its static plan and wires its
+custom VJP once; the arithmetic comes from one of its implementations:
+
+- ``"xla"``: a composition of jnp/lax operations, portable to every backend.
+- ``"pallas"``: Pallas kernels, compiled by Triton on CUDA GPUs, and run in
+  Pallas' interpret mode on the CPU (slow: for tests).
+- ``None``: the kernels on CUDA GPUs where they cover the case, ``"xla"``
+  everywhere else.
+
+The choice between platforms is made when the program is lowered
+(``lax.platform_dependent``), not when it is traced, so one jitted function runs
+on whichever backend its arguments live on.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax import lax
+
+IMPLEMENTATIONS = ("xla", "pallas")
+
+
+def check(op: str, value: Any) -> str | None:
+    """Validates ``implementation=``: ``None``, ``"xla"`` or ``"pallas"``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in IMPLEMENTATIONS:
+        raise ValueError(f"{op}: implementation must be None, 'xla' or 'pallas', got {value!r}")
+    return value
+
+
+def _backend_platform() -> str:
+    """The platform of the default backend: 'cpu', 'cuda', 'rocm', 'tpu', ..."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return backend
+    version = jax.devices()[0].client.platform_version.lower()
+    return "rocm" if "rocm" in version else "cuda"
+
+
+@functools.cache
+def _has_cuda() -> bool:
+    """Whether this process has a CUDA backend. Without one nothing can run the
+    kernels, and ``None`` traces the portable arithmetic alone: no kernel traced
+    for a platform that is not there, and a CPU program exactly as "xla"."""
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+def run(
+    op: str,
+    implementation: str | None,
+    args: tuple[jax.Array, ...],
+    *,
+    xla: Callable[..., jax.Array],
+    pallas: Callable[..., jax.Array],
+    pallas_available: bool,
+    pallas_preferred: bool,
+) -> jax.Array:
+    """Computes an op with the chosen implementation.
+
+    Args:
+      op: the public op's name, for error messages.
+      implementation: ``None``, ``"xla"`` or ``"pallas"`` (checked by ``check``).
+      args: the arrays the arithmetic takes.
+      xla: the portable arithmetic, ``xla(*args)``.
+      pallas: the kernels, ``pallas(*args, interpret=...)``.
+      pallas_available: whether this JAX has the Pallas backend the kernels need.
+      pallas_preferred: whether ``None`` should pick the kernels on a CUDA GPU for
+        this case (they cover it and are the faster choice there).
+    """
+    if implementation == "xla":
+        return xla(*args)
+    compiled = lambda *a: pallas(*a, interpret=False)  # noqa: E731
+    if implementation is None:
+        if not (pallas_available and pallas_preferred and _has_cuda()):
+            return xla(*args)
+        return lax.platform_dependent(*args, cuda=compiled, default=xla)
+    if not pallas_available:
+        raise ValueError(
+            f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "
+            f"JAX ({jax.__version__}) does not have; use implementation=None or 'xla'"
+        )
+    platform = _backend_platform()
+    if platform not in ("cpu", "cuda"):
+        raise ValueError(
+            f"{op}: implementation='pallas' runs on CUDA GPUs (compiled) and on the CPU "
+            f"(interpreted), not on {platform!r}; use implementation=None or 'xla'"
+        )
+    interpreted = lambda *a: pallas(*a, interpret=True)  # noqa: E731
+    return lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
