@@ -1,6 +1,6 @@
 """Sharding checks, run by tests/test_sharding.py in a subprocess with 8 CPU devices.
 
-    python tests/sharded_checks.py {batch,channel,spatial,train_step}
+    python tests/sharded_checks.py {batch,channel,spatial,train_step} [xla|pallas]
 
 Each check compares every op's sharded result with the unsharded one and inspects
 the compiled HLO for collectives. It exits non-zero with a message on the first
@@ -16,7 +16,7 @@ import sys
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
 
-def main(check: str) -> None:
+def main(check: str, implementation: str | None) -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
@@ -37,7 +37,9 @@ def main(check: str) -> None:
 
     x, dy_up = arr(8, 16, 16, 8), arr(8, 32, 32, 8)
     f, dy_conv = arr(3, 3, 8, 2), arr(8, 16, 16, 16)
-    conv_kw = dict(strides=(1, 1), padding="SAME")
+    # The depthwise ops' implementation: None (the default), "xla", or "pallas"
+    # (its kernels run interpreted on the CPU devices, each inside one device's shard).
+    conv_kw = dict(strides=(1, 1), padding="SAME", implementation=implementation)
 
     def conv(x, f):
         return jaxgrad.depthwise_conv2d(x, f, **conv_kw)
@@ -146,4 +148,4 @@ def main(check: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

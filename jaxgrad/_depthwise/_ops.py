@@ -16,7 +16,7 @@ import jax
 from jax.typing import ArrayLike
 
 from jaxgrad import _checks, _implementation
-from jaxgrad._depthwise import _pallas, _xla
+from jaxgrad._depthwise import _pallas, _partition, _xla
 from jaxgrad._depthwise._plan import (
     Conv,
     check_out_backprop,
@@ -321,7 +321,7 @@ def _run(op: str, impl: str | None, conv: Conv, xla, pallas, *args: jax.Array) -
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run("depthwise_conv2d", impl, conv, _xla.forward, _pallas.forward, x, f)
+    return _run("depthwise_conv2d", impl, conv, _xla.forward, _partition.forward, x, f)
 
 
 def _conv_fwd(
@@ -347,7 +347,7 @@ def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -
         impl,
         conv,
         _xla.input_gradient,
-        _pallas.input_gradient,
+        _partition.input_gradient,
         f,
         dy,
     )
@@ -376,7 +376,7 @@ def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) 
         impl,
         conv,
         _xla.filter_gradient,
-        _pallas.filter_gradient,
+        _partition.filter_gradient,
         x,
         dy,
     )

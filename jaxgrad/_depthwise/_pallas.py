@@ -355,21 +355,25 @@ def _sum_kernel(part_ref: Any, out_ref: Any, *, block: int) -> None:
 _SUM_BLOCK = 256
 
 
-def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
-    empty = _empty(conv, conv.filter_shape, x.dtype)
+def filter_gradient(
+    x: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool, dtype: Any = None
+) -> jax.Array:
+    """The filter gradient, in ``dtype`` (default: the input's; the sums stay in
+    float32 for a caller that adds several up before it rounds)."""
+    out_dtype = x.dtype if dtype is None else dtype
+    empty = _empty(conv, conv.filter_shape, out_dtype)
     if empty is not None:
         return empty
     tiles = _tiles(conv)
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     programs = conv.batch * pl.cdiv(conv.out_size[0], tiles.rows)
-    dtype = _checks.compute_dtype(x.dtype)
     grid = (programs, pl.cdiv(channels, tiles.channels), len(_tap_groups(conv)))
     kernel = functools.partial(_partials_kernel, conv=conv, tiles=tiles)
-    parts = jax.ShapeDtypeStruct((programs, fh * fw, channels), dtype)
+    parts = jax.ShapeDtypeStruct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype))
     partials = _call(kernel, parts, grid, tiles, interpret, x, dy)
     size = fh * fw * channels
-    flat = jax.ShapeDtypeStruct((size,), x.dtype)
+    flat = jax.ShapeDtypeStruct((size,), out_dtype)
     summed = _call(
         functools.partial(_sum_kernel, block=_SUM_BLOCK),
         flat,
