@@ -1,5 +1,7 @@
-"""Depthwise conv2d and its backprops against SPEC §3: a loop reference, lax as a second
-oracle, closure under differentiation, dtypes, transforms, determinism and errors."""
+"""Depthwise conv2d and its backprops: the default implementation against a loop
+reference and lax, closure under differentiation, dtypes, transforms, determinism and
+errors. tests/test_depthwise_implementations.py covers the choice of implementation
+and the Pallas kernels."""
 
 import math
 import re
@@ -8,160 +10,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from depthwise_reference import (
+    CASES,
+    configs,
+    from_nchw,
+    make_cfg,
+    op_kwargs,
+    random_operands,
+    ref_backprop_filter,
+    ref_backprop_input,
+    ref_forward,
+    run_all_three,
+    to_nchw,
+)
 from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, compiled_entry, transformed
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 from jax.test_util import check_grads
 
 import jaxgrad
-
-# ----------------------------------------------------------------------------------
-# Reference, from SPEC §3 literally: NHWC, float64, loops over pixels and taps.
-# ----------------------------------------------------------------------------------
-
-
-def geometry(n, k, s, d, padding, explicit=(0, 0)):
-    """(out, before) for one spatial axis, as SPEC §3 states it."""
-    e = (k - 1) * d + 1
-    if padding == "VALID":
-        return (n - e + s) // s, 0
-    if padding == "SAME":
-        out = -(-n // s)
-        need = max(0, (out - 1) * s + e - n)
-        return out, need // 2
-    before, after = explicit
-    return (n + before + after - e + s) // s, before
-
-
-def reads(cfg):
-    """Yields (i, j, di, dj, row, col) for every in-bounds read of the forward sum."""
-    (_, h, w, _), (fh, fw, _, _) = cfg["x_shape"], cfg["f_shape"]
-    (sh, sw), (dh, dw) = cfg["strides"], cfg["dilations"]
-    (oh, top), (ow, left) = cfg["geom"]
-    for i in range(oh):
-        for j in range(ow):
-            for di in range(fh):
-                for dj in range(fw):
-                    r, c = i * sh - top + di * dh, j * sw - left + dj * dw
-                    if 0 <= r < h and 0 <= c < w:
-                        yield i, j, di, dj, r, c
-
-
-def out_shape(cfg):
-    (n, _, _, c), m = cfg["x_shape"], cfg["f_shape"][3]
-    return (n, cfg["geom"][0][0], cfg["geom"][1][0], c * m)
-
-
-def ref_forward(x, f, cfg):
-    n, _, _, c = x.shape
-    m = f.shape[3]
-    out = np.zeros(out_shape(cfg)).reshape(n, *out_shape(cfg)[1:3], c, m)
-    for i, j, di, dj, r, col in reads(cfg):
-        out[:, i, j] += x[:, r, col, :, None] * f[di, dj]
-    return out.reshape(out_shape(cfg))
-
-
-def ref_backprop_input(f, dy, cfg):
-    _n, _, _, c = cfg["x_shape"]
-    dy5 = dy.reshape(*dy.shape[:3], c, -1)
-    dx = np.zeros(cfg["x_shape"])
-    for i, j, di, dj, r, col in reads(cfg):
-        dx[:, r, col] += (dy5[:, i, j] * f[di, dj]).sum(-1)
-    return dx
-
-
-def ref_backprop_filter(x, dy, cfg):
-    c = x.shape[3]
-    dy5 = dy.reshape(*dy.shape[:3], c, -1)
-    df = np.zeros(cfg["f_shape"])
-    for i, j, di, dj, r, col in reads(cfg):
-        df[di, dj] += (x[:, r, col, :, None] * dy5[:, i, j]).sum(0)
-    return df
-
-
-def to_nchw(a):
-    return np.transpose(a, (0, 3, 1, 2))
-
-
-def from_nchw(a):
-    return np.transpose(a, (0, 2, 3, 1))
-
-
-# ----------------------------------------------------------------------------------
-# Configurations
-# ----------------------------------------------------------------------------------
-
-
-def make_cfg(x_shape, f_shape, strides, dilations, padding, explicit_hw=((0, 0), (0, 0))):
-    geom = tuple(
-        geometry(x_shape[1 + a], f_shape[a], strides[a], dilations[a], padding, explicit_hw[a])
-        for a in range(2)
-    )
-    return dict(
-        x_shape=x_shape,
-        f_shape=f_shape,
-        strides=strides,
-        dilations=dilations,
-        padding=padding,
-        explicit_hw=explicit_hw,
-        geom=geom,
-    )
-
-
-def op_kwargs(cfg, data_format, four_ints=False):
-    """Arguments for jaxgrad in data_format order; strides/dilations in 2- or 4-int form."""
-    kw = dict(data_format=data_format)
-    (ht, hb), (wl, wr) = cfg["explicit_hw"]
-    if cfg["padding"] == "EXPLICIT":
-        kw["explicit_paddings"] = (
-            (0, 0, 0, 0, ht, hb, wl, wr) if data_format == "NCHW" else (0, 0, ht, hb, wl, wr, 0, 0)
-        )
-    s, d = cfg["strides"], cfg["dilations"]
-    if four_ints:
-        s = (1, 1, *s) if data_format == "NCHW" else (1, *s, 1)
-        d = (1, 1, *d) if data_format == "NCHW" else (1, *d, 1)
-    kw["dilations"] = d
-    return s, cfg["padding"], kw
-
-
-@st.composite
-def configs(draw):
-    n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
-    fh, fw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    dilations = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))
-    pads = st.tuples(st.integers(0, 4), st.integers(0, 4))
-    explicit = (draw(pads), draw(pads)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
-    cfg = make_cfg((n, h, w, c), (fh, fw, c, m), strides, dilations, padding, explicit)
-    assume(cfg["geom"][0][0] > 0 and cfg["geom"][1][0] > 0)
-    return cfg
-
-
-def random_operands(cfg, seed):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=cfg["x_shape"])
-    f = rng.normal(size=cfg["f_shape"])
-    dy = rng.normal(size=out_shape(cfg))
-    return x, f, dy
-
-
-def run_all_three(cfg, data_format, x, f, dy, four_ints=False):
-    """The three ops on NHWC float64 operands, laid out as data_format; NHWC results."""
-    strides, padding, kw = op_kwargs(cfg, data_format, four_ints)
-    layout = to_nchw if data_format == "NCHW" else (lambda a: a)
-    back = from_nchw if data_format == "NCHW" else (lambda a: a)
-    y = jaxgrad.depthwise_conv2d(jnp.asarray(layout(x)), jnp.asarray(f), strides, padding, **kw)
-    dx = jaxgrad.depthwise_conv2d_backprop_input(
-        layout(x).shape, jnp.asarray(f), jnp.asarray(layout(dy)), strides, padding, **kw
-    )
-    df = jaxgrad.depthwise_conv2d_backprop_filter(
-        jnp.asarray(layout(x)), f.shape, jnp.asarray(layout(dy)), strides, padding, **kw
-    )
-    return back(np.asarray(y)), back(np.asarray(dx)), np.asarray(df)
-
 
 # ----------------------------------------------------------------------------------
 # Against the reference and the lax oracle
@@ -217,15 +85,6 @@ def test_gradients_match_lax_autodiff(cfg, seed):
 # ----------------------------------------------------------------------------------
 # Dtypes, transforms, closure, gradients
 # ----------------------------------------------------------------------------------
-
-CASES = [
-    # x_shape (NHWC), f_shape, strides, dilations, padding, explicit
-    ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
-    ((2, 9, 8, 3), (5, 5, 3, 2), (2, 2), (1, 1), "SAME", ((0, 0), (0, 0))),
-    ((1, 10, 11, 2), (2, 4, 2, 3), (3, 2), (2, 1), "VALID", ((0, 0), (0, 0))),
-    ((1, 7, 6, 2), (3, 2, 2, 2), (1, 2), (2, 2), "EXPLICIT", ((2, 1), (0, 3))),
-]
-
 
 # Every case, format and dtype under jit; the first case also eagerly and under vmap
 # (eager mode dispatches each tap separately, which makes the full grid slow).

@@ -210,8 +210,9 @@ def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, An
     start = jnp.maximum(shifted, 0)
     index, valid = start, shifted >= 0
     if stride > 1:
-        index = lax.div(start, stride)
-        valid = valid & (lax.rem(start, stride) == 0)
+        step = jnp.asarray(stride, start.dtype)
+        index = lax.div(start, step)
+        valid = valid & (lax.rem(start, step) == 0)
     return index, valid & (index < size)
 
 

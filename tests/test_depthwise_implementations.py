@@ -1,0 +1,278 @@
+"""The depthwise ops' implementations: choosing one (``implementation=``), the Pallas
+kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
+kernels' lowering for CUDA GPUs, checked here without one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from depthwise_reference import (
+    CASES,
+    configs,
+    from_nchw,
+    make_cfg,
+    op_kwargs,
+    random_operands,
+    ref_backprop_filter,
+    ref_backprop_input,
+    ref_forward,
+    run_all_three,
+    to_nchw,
+)
+from helpers import TOLERANCE, TRANSFORMS, transformed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+
+import jaxgrad
+from jaxgrad import _implementation
+from jaxgrad._depthwise import _pallas, _plan
+
+# The marker of a Triton kernel in a program lowered for CUDA.
+TRITON_CALL = "__gpu$xla.gpu.triton"
+
+
+def three_ops(cfg, data_format, **extra):
+    """The three ops as functions of their arrays, with ``extra`` keywords."""
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    kw.update(extra)
+    x_shape = cfg["x_shape"]
+    if data_format == "NCHW":
+        x_shape = (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    return {
+        "forward": lambda x, f: jaxgrad.depthwise_conv2d(x, f, strides, padding, **kw),
+        "backprop_input": lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+            x_shape, f, dy, strides, padding, **kw
+        ),
+        "backprop_filter": lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+            x, cfg["f_shape"], dy, strides, padding, **kw
+        ),
+    }
+
+
+def operands(cfg, data_format, dtype, seed=0):
+    """(x, f, dy) as arrays of ``dtype`` in ``data_format``, and their float64 values
+    in NHWC (the rounded operands, so that only the computation's error remains)."""
+    x, f, dy = random_operands(cfg, seed)
+    layout = to_nchw if data_format == "NCHW" else (lambda a: a)
+    back = from_nchw if data_format == "NCHW" else (lambda a: a)
+    arrays = jnp.asarray(layout(x), dtype), jnp.asarray(f, dtype), jnp.asarray(layout(dy), dtype)
+    x64, f64, dy64 = (np.asarray(a, np.float64) for a in arrays)
+    return arrays, (back(x64), f64, back(dy64))
+
+
+def references(cfg, x, f, dy):
+    return {
+        "forward": ref_forward(x, f, cfg),
+        "backprop_input": ref_backprop_input(f, dy, cfg),
+        "backprop_filter": ref_backprop_filter(x, dy, cfg),
+    }
+
+
+def run_ops(ops, data_format, x, f, dy, transform="jit"):
+    """Each op's result, NHWC, as float64."""
+    back = from_nchw if data_format == "NCHW" else (lambda a: a)
+    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
+    out = {}
+    for name, fn in ops.items():
+        result = transformed(fn, transform)(*args[name])
+        out[name] = np.asarray(result, np.float64)
+        if name != "backprop_filter":
+            out[name] = back(out[name])
+    return out
+
+
+def relative_error(got, want):
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300)
+
+
+# ----------------------------------------------------------------------------------
+# The kernels against the reference
+# ----------------------------------------------------------------------------------
+
+
+# Interpreted kernels compile slowly: fewer examples than the default implementation's.
+@settings(max_examples=10)
+@given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.integers(0, 2**31 - 1))
+def test_kernels_match_reference(cfg, data_format, seed):
+    x, f, dy = random_operands(cfg, seed)
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy, implementation="pallas")
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_kernels_accumulate_in_float32(case, data_format, dtype):
+    # float32: within 1e-6 relative of float64. Half types: the float32 sums of the
+    # kernels are rounded once, so their error is that of the portable implementation,
+    # which does the same, up to how the last bit rounds.
+    cfg = make_cfg(*CASES[case])
+    (x, f, dy), exact = operands(cfg, data_format, dtype, seed=case)
+    want = references(cfg, *exact)
+    kernels = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
+    portable = run_ops(three_ops(cfg, data_format, implementation="xla"), data_format, x, f, dy)
+    for name in want:
+        error = relative_error(kernels[name], want[name])
+        if dtype == jnp.float32:
+            assert error < 1e-6, (name, error)
+        else:
+            assert error <= 1.25 * relative_error(portable[name], want[name]) + 1e-6, name
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_kernels_under_transforms(transform):
+    cfg = make_cfg(*CASES[1])
+    (x, f, dy), exact = operands(cfg, "NHWC", jnp.float32)
+    got = run_ops(three_ops(cfg, "NHWC", implementation="pallas"), "NHWC", x, f, dy, transform)
+    for name, want in references(cfg, *exact).items():
+        np.testing.assert_allclose(got[name], want, rtol=TOLERANCE[np.dtype("float32")], atol=1e-4)
+
+
+def test_kernels_check_grads():
+    # The VJPs of the kernel path are the kernel path's ops: checked to second order,
+    # on a small strided case with a multiplier (interpreted kernels compile slowly).
+    cfg = make_cfg((1, 5, 4, 2), (3, 2, 2, 2), (2, 1), (1, 1), "SAME")
+    (x, f, dy), _ = operands(cfg, "NHWC", jnp.float64)
+    ops = three_ops(cfg, "NHWC", implementation="pallas")
+    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
+    for name, fn in ops.items():
+        check_grads(jax.jit(fn), args[name], order=2, modes=["rev"])
+
+
+def test_kernel_vjps_are_the_kernel_ops():
+    cfg = make_cfg(*CASES[2])
+    (x, f, dy), _ = operands(cfg, "NCHW", jnp.float64)
+    ops = three_ops(cfg, "NCHW", implementation="pallas")
+    gx, gf = jax.vjp(ops["forward"], x, f)[1](dy)
+    np.testing.assert_array_equal(gx, ops["backprop_input"](f, dy))
+    np.testing.assert_array_equal(gf, ops["backprop_filter"](x, dy))
+
+
+@pytest.mark.parametrize(("data_format", "m"), [("NHWC", 1), ("NCHW", 2)])
+def test_kernels_read_padding_as_zero_next_to_inf_and_nan(data_format, m):
+    # Masked lanes load their clamped neighbours' addresses on no device and read 0:
+    # an inf or NaN at the edge must not reach an output whose window is padding.
+    cfg = make_cfg((2, 5, 6, 3), (3, 3, 3, m), (1, 2), (1, 1), "EXPLICIT", ((2, 1), (1, 2)))
+    x, f, dy = random_operands(cfg, 4)
+    x[0, 0, 0, 0], x[1, -1, -1, 2], x[0, 0, -1, 1] = np.inf, np.nan, -np.inf
+    dy[0, 0, 0, 0], dy[1, -1, -1, -1] = np.inf, np.nan
+    y, dx, _ = run_all_three(cfg, data_format, x, f, dy, implementation="pallas")
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+def test_kernels_with_an_empty_input():
+    cfg = make_cfg((2, 0, 4, 3), (2, 1, 3, 2), (1, 1), (1, 1), "EXPLICIT", ((2, 1), (0, 0)))
+    x, f, dy = random_operands(cfg, 5)
+    y, dx, df = run_all_three(cfg, "NHWC", x, f, dy, implementation="pallas")
+    assert y.shape == (2, 2, 4, 6) and not y.any()
+    assert dx.shape == (2, 0, 4, 3)
+    np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
+
+
+# 7x7 taps: more than one filter-gradient program sums at once.
+LARGE = ((1, 9, 10, 2), (7, 7, 2, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
+
+
+def test_a_filter_larger_than_one_program_holds():
+    # The filter gradient splits the taps into groups of whole filter rows, each
+    # group its own program.
+    cfg = make_cfg(*LARGE)
+    strides, padding, kw = op_kwargs(cfg, "NHWC")
+    conv = _plan.configure(
+        "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
+    )
+    assert len(_pallas._tap_groups(conv)) > 1
+    x, f, dy = random_operands(cfg, 6)
+    y, dx, df = run_all_three(cfg, "NHWC", x, f, dy, implementation="pallas")
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------
+# Choosing the implementation
+# ----------------------------------------------------------------------------------
+
+
+def grad_fn(implementation, dtype=jnp.float32):
+    cfg = make_cfg(*CASES[0])
+    (x, f, _), _ = operands(cfg, "NHWC", dtype)
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation=implementation)
+        return (y.astype(jnp.float32) ** 2).sum()
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1))), (x, f)
+
+
+def lowered(implementation, platform, dtype=jnp.float32):
+    fn, args = grad_fn(implementation, dtype)
+    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_default_is_the_portable_program_on_the_cpu():
+    # No CUDA backend in the process: the default traces the portable arithmetic
+    # alone, and the program is exactly the "xla" one.
+    assert lowered(None, "cpu") == lowered("xla", "cpu")
+
+
+def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(monkeypatch):
+    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
+    assert TRITON_CALL in lowered(None, "cuda")
+    assert TRITON_CALL not in lowered(None, "cpu")
+    # float64 stays on the portable arithmetic on every platform.
+    assert TRITON_CALL not in lowered(None, "cuda", jnp.float64)
+
+
+def test_default_falls_back_without_pallas(monkeypatch):
+    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
+    monkeypatch.setattr(_pallas, "AVAILABLE", False)
+    assert TRITON_CALL not in lowered(None, "cuda")
+    with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
+        lowered("pallas", "cpu")
+
+
+def test_explicit_pallas_raises_on_another_backend(monkeypatch):
+    monkeypatch.setattr(_implementation, "_backend_platform", lambda: "tpu")
+    with pytest.raises(ValueError, match=r"runs on CUDA GPUs .* not on 'tpu'"):
+        lowered("pallas", "cpu")
+
+
+def test_xla_never_uses_the_kernels(monkeypatch):
+    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
+    assert TRITON_CALL not in lowered("xla", "cuda")
+
+
+@pytest.mark.parametrize("bad", ["triton", "XLA", 1])
+def test_bad_implementation(bad):
+    with pytest.raises(ValueError, match=r"depthwise_conv2d: implementation must be None"):
+        jaxgrad.depthwise_conv2d(
+            jnp.ones((1, 3, 3, 1)), jnp.ones((1, 1, 1, 1)), (1, 1), "SAME", implementation=bad
+        )
+
+
+# ----------------------------------------------------------------------------------
+# The kernels lower for CUDA (Triton), checked on the CPU
+# ----------------------------------------------------------------------------------
+
+LOWERING_CASES = [*CASES, LARGE]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", range(len(LOWERING_CASES)))
+def test_kernels_lower_for_cuda(case, data_format, dtype):
+    # Builds each kernel's Triton program, as a GPU run would before compiling it:
+    # an operation the Triton backend cannot lower fails here, without a GPU.
+    cfg = make_cfg(*LOWERING_CASES[case])
+    (x, f, dy), _ = operands(cfg, data_format, dtype)
+    ops = three_ops(cfg, data_format, implementation="pallas")
+    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
+    kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2}
+    for name, fn in ops.items():
+        text = jax.jit(fn).trace(*args[name]).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count(TRITON_CALL) == kernels[name], name
