@@ -1,5 +1,6 @@
 """Every op sharded over 8 CPU devices equals the unsharded result, with no collective
-beyond the filter gradient's all-reduce; and the training example runs sharded.
+beyond the filter gradient's all-reduce, in the depthwise ops' default implementation
+and their Pallas kernels; and the training example runs sharded.
 
 JAX fixes its device count at start-up, so each check runs in a subprocess.
 """
@@ -21,9 +22,17 @@ def run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("check", ["batch", "channel", "spatial", "train_step"])
-def test_sharded(check):
-    result = run("tests/sharded_checks.py", check)
+@pytest.mark.parametrize(
+    ("check", "implementation"),
+    [
+        *[(check, "default") for check in ("batch", "channel", "spatial", "train_step")],
+        # The depthwise kernels (interpreted on the CPU devices), each on its shard.
+        *[(check, "pallas") for check in ("batch", "channel", "spatial")],
+    ],
+)
+def test_sharded(check, implementation):
+    args = [] if implementation == "default" else [implementation]
+    result = run("tests/sharded_checks.py", check, *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok" in result.stdout
 

@@ -42,39 +42,61 @@ except ImportError:  # a JAX without Pallas' Triton backend
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tiles:
-    """How a kernel cuts its work: powers of two, as Triton's blocks must be."""
+class _Launch:
+    """How a kernel cuts its work, and whether it runs interpreted."""
 
-    cols: int  # columns per tile
-    channels: int  # channels per tile
+    cols: int  # columns per tile: a power of two, as Triton's blocks must be
+    channels: int  # channels per tile: a power of two
     rows: int  # rows per program
+    interpret: bool
     warps: int = 4
 
+    def call(
+        self,
+        kernel: Callable[..., None],
+        out_shape: jax.ShapeDtypeStruct,
+        grid: tuple[int, ...],
+        *args: jax.Array,
+    ) -> jax.Array:
+        params = None
+        if not self.interpret:
+            params = plgpu.CompilerParams(num_warps=self.warps, num_stages=2)
+        return pl.pallas_call(  # type: ignore[no-any-return]
+            functools.partial(kernel, launch=self),
+            out_shape=out_shape,
+            grid=grid,
+            interpret=self.interpret,
+            compiler_params=params,
+        )(*args)
 
-def _tiles(conv: Conv) -> _Tiles:
+    def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
+        """``lanes`` as indices into an axis of ``size``, for a masked access.
+
+        On the GPU a masked lane touches no memory, and indices left as an
+        ``arange`` plus an offset let Triton vectorize the access. Interpret mode
+        gathers and scatters for real: a load's masked lanes are clamped into the
+        array, and a store's point one past its end, where the scatter drops them
+        (clamped, they would overwrite the lane that owns that element).
+        """
+        if not self.interpret:
+            return lanes
+        if store:
+            return jnp.where(lanes < size, lanes, size)
+        return jnp.clip(lanes, 0, size - 1)
+
+
+def _launch(conv: Conv, interpret: bool, rows: int = 8) -> _Launch:
     # Loads are coalesced along the array's minor axis: channels in NHWC, columns
     # in NCHW, so that axis gets the wide side of the tile.
     if conv.nchw:
-        return _Tiles(cols=64, channels=8, rows=8)
-    return _Tiles(cols=16, channels=32, rows=8)
+        return _Launch(cols=64, channels=8, rows=rows, interpret=interpret)
+    return _Launch(cols=16, channels=32, rows=rows, interpret=interpret)
 
 
 # Taps whose float32 sums one filter-gradient program keeps in registers at once.
 _TAPS_PER_PROGRAM = 16
-
-
-def _call(
-    kernel: Callable[..., None],
-    out_shape: jax.ShapeDtypeStruct,
-    grid: tuple[int, ...],
-    tiles: _Tiles,
-    interpret: bool,
-    *args: jax.Array,
-) -> jax.Array:
-    params = None if interpret else plgpu.CompilerParams(num_warps=tiles.warps, num_stages=2)
-    return pl.pallas_call(
-        kernel, out_shape=out_shape, grid=grid, interpret=interpret, compiler_params=params
-    )(*args)
+# Output rows one filter-gradient program sums over: fewer partials to add up.
+_FILTER_ROWS = 16
 
 
 def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
@@ -84,7 +106,9 @@ def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
     return lambda n, row, cols, chans: (n, row, cols, chans)
 
 
-def _read(ref: Any, conv: Conv, n: Any, row: Any, cols: Any, chans: Any, dtype: Any) -> jax.Array:
+def _read(
+    ref: Any, conv: Conv, launch: _Launch, n: Any, row: Any, cols: Any, chans: Any, dtype: Any
+) -> jax.Array:
     """The ``[len(cols), len(chans)]`` tile of a 4-D array at one row, as ``dtype``,
     zero where the row, a column or a channel lies outside the array."""
     h_axis, w_axis, c_axis = (2, 3, 1) if conv.nchw else (1, 2, 3)
@@ -94,42 +118,36 @@ def _read(ref: Any, conv: Conv, n: Any, row: Any, cols: Any, chans: Any, dtype: 
         & ((cols >= 0) & (cols < w))[:, None]
         & ((chans >= 0) & (chans < c))[None, :]
     )
-    # Masked lanes read nothing on the GPU; their indices are clamped into the
-    # array all the same, so that interpret mode's gather stays in bounds.
     index = _layout(conv)(
         n,
         jnp.clip(row, 0, h - 1),
-        jnp.clip(cols, 0, w - 1)[:, None],
-        jnp.clip(chans, 0, c - 1)[None, :],
+        launch.index(cols, w)[:, None],
+        launch.index(chans, c)[None, :],
     )
-    tile = plgpu.load(ref.at[index], mask=inside, other=0)
-    return tile.astype(dtype)
+    return plgpu.load(ref.at[index], mask=inside, other=0).astype(dtype)
 
 
-def _write(ref: Any, conv: Conv, n: Any, row: Any, cols: Any, chans: Any, tile: jax.Array) -> None:
+def _write(
+    ref: Any, conv: Conv, launch: _Launch, n: Any, row: Any, cols: Any, chans: Any, tile: jax.Array
+) -> None:
     """Stores a tile at one row; lanes outside the array are not written."""
     h_axis, w_axis, c_axis = (2, 3, 1) if conv.nchw else (1, 2, 3)
     h, w, c = ref.shape[h_axis], ref.shape[w_axis], ref.shape[c_axis]
-    cols_in, chans_in = cols < w, chans < c
-    inside = (row < h) & cols_in[:, None] & chans_in[None, :]
-    # Masked lanes point one past the end, where interpret mode's scatter drops
-    # them (clamped, they would race the lane that owns that element).
+    inside = (row < h) & (cols < w)[:, None] & (chans < c)[None, :]
     index = _layout(conv)(
         n,
         jnp.minimum(row, h),
-        jnp.where(cols_in, cols, w)[:, None],
-        jnp.where(chans_in, chans, c)[None, :],
+        launch.index(cols, w, store=True)[:, None],
+        launch.index(chans, c, store=True)[None, :],
     )
     plgpu.store(ref.at[index], tile.astype(ref.dtype), mask=inside)
 
 
-def _tap_vector(f_ref: Any, tap: int, chans: Any, dtype: Any) -> jax.Array:
+def _tap_vector(f_ref: Any, launch: _Launch, tap: int, chans: Any, dtype: Any) -> jax.Array:
     """One filter tap for a tile's output channels, from the filter as [taps, C * M]."""
     size = f_ref.shape[1]
-    inside = chans < size
-    return plgpu.load(f_ref.at[tap, jnp.clip(chans, 0, size - 1)], mask=inside, other=0).astype(
-        dtype
-    )
+    tap_values = plgpu.load(f_ref.at[tap, launch.index(chans, size)], mask=chans < size, other=0)
+    return tap_values.astype(dtype)
 
 
 def _lanes(block: int, size: int) -> jax.Array:
@@ -147,26 +165,27 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 # --------------------------------------------------------------------------------------
 
 
-def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
-    row_blocks = pl.cdiv(conv.out_size[0], tiles.rows)
-    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * tiles.rows
-    out_chans = _lanes(pl.program_id(1), tiles.channels)
-    out_cols = _lanes(pl.program_id(2), tiles.cols)
+    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
+    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
+    out_chans = _lanes(pl.program_id(1), launch.channels)
+    out_cols = _lanes(pl.program_id(2), launch.cols)
     in_chans = out_chans // conv.multiplier
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fh, fw = conv.kernel
-    taps = [_tap_vector(f_ref, t, out_chans, dtype) for t in range(fh * fw)]
+    taps = [_tap_vector(f_ref, launch, t, out_chans, dtype) for t in range(fh * fw)]
 
     def row(r: Any, carry: None) -> None:
         i = first + r
-        total = jnp.zeros((tiles.cols, tiles.channels), dtype)
+        total = jnp.zeros((launch.cols, launch.channels), dtype)
         for di in range(fh):
             for dj in range(fw):
                 window = _read(
                     x_ref,
                     conv,
+                    launch,
                     n,
                     i * sh - top + di * dh,
                     out_cols * sw - left + dj * dw,
@@ -174,27 +193,31 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, tiles: _T
                     dtype,
                 )
                 total = total + window * taps[di * fw + dj][None, :]
-        _write(y_ref, conv, n, i, out_cols, out_chans, total)
+        _write(y_ref, conv, launch, n, i, out_cols, out_chans, total)
         return carry
 
-    lax.fori_loop(0, tiles.rows, row, None)
+    lax.fori_loop(0, launch.rows, row, None)
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     empty = _empty(conv, conv.output_shape, x.dtype)
     if empty is not None:
         return empty
-    tiles = _tiles(conv)
+    launch = _launch(conv, interpret)
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     grid = (
-        conv.batch * pl.cdiv(conv.out_size[0], tiles.rows),
-        pl.cdiv(channels, tiles.channels),
-        pl.cdiv(conv.out_size[1], tiles.cols),
+        conv.batch * pl.cdiv(conv.out_size[0], launch.rows),
+        pl.cdiv(channels, launch.channels),
+        pl.cdiv(conv.out_size[1], launch.cols),
     )
-    kernel = functools.partial(_forward_kernel, conv=conv, tiles=tiles)
-    out = jax.ShapeDtypeStruct(conv.output_shape, x.dtype)
-    return _call(kernel, out, grid, tiles, interpret, x, f.reshape(fh * fw, channels))
+    return launch.call(
+        functools.partial(_forward_kernel, conv=conv),
+        jax.ShapeDtypeStruct(conv.output_shape, x.dtype),
+        grid,
+        x,
+        f.reshape(fh * fw, channels),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -216,53 +239,59 @@ def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, An
     return index, valid & (index < size)
 
 
-def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
     dtype = _checks.compute_dtype(dy_ref.dtype)
     m = conv.multiplier
-    row_blocks = pl.cdiv(conv.in_size[0], tiles.rows)
-    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * tiles.rows
-    chans = _lanes(pl.program_id(1), tiles.channels)
-    cols = _lanes(pl.program_id(2), tiles.cols)
+    row_blocks = pl.cdiv(conv.in_size[0], launch.rows)
+    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
+    chans = _lanes(pl.program_id(1), launch.channels)
+    cols = _lanes(pl.program_id(2), launch.cols)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fh, fw = conv.kernel
-    taps = [[_tap_vector(f_ref, t, chans * m + q, dtype) for q in range(m)] for t in range(fh * fw)]
+    taps = [
+        [_tap_vector(f_ref, launch, t, chans * m + q, dtype) for q in range(m)]
+        for t in range(fh * fw)
+    ]
 
     def row(r: Any, carry: None) -> None:
         p = first + r
-        total = jnp.zeros((tiles.cols, tiles.channels), dtype)
+        total = jnp.zeros((launch.cols, launch.channels), dtype)
         for di in range(fh):
             i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
+            # A row or column no output reads through this tap gets index -1: the
+            # read masks it.
+            i_read = jnp.where(row_reached, i, -1)
             for dj in range(fw):
                 j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
-                # Rows and columns no output reads through this tap get index -1:
-                # masked by the read.
-                i_read = jnp.where(row_reached, i, -1)
                 j_read = jnp.where(col_reached, j, -1)
                 for q in range(m):
-                    grad = _read(dy_ref, conv, n, i_read, j_read, chans * m + q, dtype)
+                    grad = _read(dy_ref, conv, launch, n, i_read, j_read, chans * m + q, dtype)
                     total = total + grad * taps[di * fw + dj][q][None, :]
-        _write(dx_ref, conv, n, p, cols, chans, total)
+        _write(dx_ref, conv, launch, n, p, cols, chans, total)
         return carry
 
-    lax.fori_loop(0, tiles.rows, row, None)
+    lax.fori_loop(0, launch.rows, row, None)
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     empty = _empty(conv, conv.input_shape, dy.dtype)
     if empty is not None:
         return empty
-    tiles = _tiles(conv)
+    launch = _launch(conv, interpret)
     fh, fw = conv.kernel
     grid = (
-        conv.batch * pl.cdiv(conv.in_size[0], tiles.rows),
-        pl.cdiv(conv.channels, tiles.channels),
-        pl.cdiv(conv.in_size[1], tiles.cols),
+        conv.batch * pl.cdiv(conv.in_size[0], launch.rows),
+        pl.cdiv(conv.channels, launch.channels),
+        pl.cdiv(conv.in_size[1], launch.cols),
     )
-    kernel = functools.partial(_input_kernel, conv=conv, tiles=tiles)
-    out = jax.ShapeDtypeStruct(conv.input_shape, dy.dtype)
-    flat_f = f.reshape(fh * fw, conv.channels * conv.multiplier)
-    return _call(kernel, out, grid, tiles, interpret, flat_f, dy)
+    return launch.call(
+        functools.partial(_input_kernel, conv=conv),
+        jax.ShapeDtypeStruct(conv.input_shape, dy.dtype),
+        grid,
+        f.reshape(fh * fw, conv.channels * conv.multiplier),
+        dy,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -278,18 +307,20 @@ def _tap_groups(conv: Conv) -> list[tuple[int, int]]:
     return [(top * fw, min(top + rows, fh) * fw) for top in range(0, fh, rows)]
 
 
-def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tiles: _Tiles) -> None:
+def _partials_kernel(
+    x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
+) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
-    row_blocks = pl.cdiv(conv.out_size[0], tiles.rows)
+    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program = pl.program_id(0)
-    n, first = program // row_blocks, program % row_blocks * tiles.rows
-    out_chans = _lanes(pl.program_id(1), tiles.channels)
+    n, first = program // row_blocks, program % row_blocks * launch.rows
+    out_chans = _lanes(pl.program_id(1), launch.channels)
     in_chans = out_chans // conv.multiplier
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
     groups = _tap_groups(conv)
-    col_tiles = pl.cdiv(conv.out_size[1], tiles.cols)
+    col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
 
     def group_partials(start: int, stop: int) -> None:
         def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -297,9 +328,9 @@ def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tile
             row_inside = i < conv.out_size[0]
 
             def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-                cols = _lanes(c, tiles.cols)
+                cols = _lanes(c, launch.cols)
                 cols_inside = cols < conv.out_size[1]
-                grad = _read(dy_ref, conv, n, i, cols, out_chans, dtype)
+                grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
                 new = []
                 for t, total in zip(range(start, stop), sums, strict=True):
                     di, dj = divmod(t, fw)
@@ -308,6 +339,7 @@ def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tile
                     window = _read(
                         x_ref,
                         conv,
+                        launch,
                         n,
                         jnp.where(row_inside, i * sh - top + di * dh, -1),
                         jnp.where(cols_inside, cols * sw - left + dj * dw, -1),
@@ -317,15 +349,16 @@ def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tile
                     new.append(total + window * grad)
                 return tuple(new)
 
-            return lax.fori_loop(0, col_tiles, col_tile, sums)
+            return lax.fori_loop(0, col_tiles, col_tile, sums)  # type: ignore[no-any-return]
 
-        zeros = jnp.zeros((tiles.cols, tiles.channels), dtype)
-        sums = lax.fori_loop(0, tiles.rows, row, (zeros,) * (stop - start))
+        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
+        sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (stop - start))
         size = part_ref.shape[2]
-        inside = out_chans < size
-        lanes = jnp.where(inside, out_chans, size)
+        lanes = launch.index(out_chans, size, store=True)
         for t, total in zip(range(start, stop), sums, strict=True):
-            plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=inside)
+            plgpu.store(
+                part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size
+            )
 
     if len(groups) == 1:
         group_partials(*groups[0])
@@ -337,23 +370,36 @@ def _partials_kernel(x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, tile
         )
 
 
-def _sum_kernel(part_ref: Any, out_ref: Any, *, block: int) -> None:
-    """Adds the partials of all programs up, program 0 first, in their dtype."""
-    size = part_ref.shape[1]
-    lanes = _lanes(pl.program_id(0), block)
+# The partials are added up in blocks of this many programs' worth...
+_SUM_PROGRAMS = 32
+# ... for this many of the filter gradient's elements per program.
+_SUM_LANES = 128
+
+
+def _sum_kernel(part_ref: Any, out_ref: Any, *, launch: _Launch) -> None:
+    """Adds the partials of all programs up in a fixed order: each block of
+    ``_SUM_PROGRAMS`` rows is summed as one tree (the same shape every time), and
+    the blocks' sums one after another."""
+    programs, size = part_ref.shape
+    lanes = _lanes(pl.program_id(0), _SUM_LANES)
     inside = lanes < size
-    read = jnp.clip(lanes, 0, size - 1)
 
-    def add(p: Any, total: jax.Array) -> jax.Array:
-        return total + plgpu.load(part_ref.at[p, read], mask=inside, other=0)
+    def add_block(b: Any, total: jax.Array) -> jax.Array:
+        rows = _lanes(b, _SUM_PROGRAMS)
+        block = plgpu.load(
+            part_ref.at[launch.index(rows, programs)[:, None], launch.index(lanes, size)[None, :]],
+            mask=(rows < programs)[:, None] & inside[None, :],
+            other=0,
+        )
+        return total + jnp.sum(block, axis=0)
 
-    total = lax.fori_loop(0, part_ref.shape[0], add, jnp.zeros((block,), part_ref.dtype))
+    blocks = pl.cdiv(programs, _SUM_PROGRAMS)
+    total = lax.fori_loop(0, blocks, add_block, jnp.zeros((_SUM_LANES,), part_ref.dtype))
     plgpu.store(
-        out_ref.at[jnp.where(inside, lanes, size)], total.astype(out_ref.dtype), mask=inside
+        out_ref.at[launch.index(lanes, size, store=True)],
+        total.astype(out_ref.dtype),
+        mask=inside,
     )
-
-
-_SUM_BLOCK = 256
 
 
 def filter_gradient(
@@ -365,22 +411,22 @@ def filter_gradient(
     empty = _empty(conv, conv.filter_shape, out_dtype)
     if empty is not None:
         return empty
-    tiles = _tiles(conv)
+    launch = _launch(conv, interpret, rows=_FILTER_ROWS)
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
-    programs = conv.batch * pl.cdiv(conv.out_size[0], tiles.rows)
-    grid = (programs, pl.cdiv(channels, tiles.channels), len(_tap_groups(conv)))
-    kernel = functools.partial(_partials_kernel, conv=conv, tiles=tiles)
-    parts = jax.ShapeDtypeStruct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype))
-    partials = _call(kernel, parts, grid, tiles, interpret, x, dy)
+    programs = conv.batch * pl.cdiv(conv.out_size[0], launch.rows)
+    partials = launch.call(
+        functools.partial(_partials_kernel, conv=conv),
+        jax.ShapeDtypeStruct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
+        (programs, pl.cdiv(channels, launch.channels), len(_tap_groups(conv))),
+        x,
+        dy,
+    )
     size = fh * fw * channels
-    flat = jax.ShapeDtypeStruct((size,), out_dtype)
-    summed = _call(
-        functools.partial(_sum_kernel, block=_SUM_BLOCK),
-        flat,
-        (pl.cdiv(size, _SUM_BLOCK),),
-        tiles,
-        interpret,
+    summed = launch.call(
+        _sum_kernel,
+        jax.ShapeDtypeStruct((size,), out_dtype),
+        (pl.cdiv(size, _SUM_LANES),),
         partials.reshape(programs, size),
     )
     return summed.reshape(conv.filter_shape)

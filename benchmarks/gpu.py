@@ -1,0 +1,439 @@
+"""The depthwise ops on a CUDA GPU: correctness, reproducibility across processes, speed.
+
+    python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
+
+One command, under 8 minutes on an H100. It prints (and writes as JSON):
+
+1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
+2. Correctness: every depthwise op in both implementations ("xla", "pallas") and
+   the default, against a float64 reference computed on the CPU (the portable
+   implementation in float64), as the relative error ||got - want|| / ||want||.
+3. Reproducibility: tests/determinism_check.py --size large in three fresh
+   processes, compared digest by digest (every op of every family).
+4. Speed of each depthwise op: jaxgrad (default, "xla", "pallas"), lax and its
+   VJPs (cuDNN), PyTorch CUDA (the faster of NCHW and channels_last), against the
+   copy roofline: the bytes the op must read and write over a measured device copy.
+5. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock ops.
+
+Times are medians over rounds of 10 back-to-back calls followed by one sync, so
+launch gaps overlap as they do in a training loop; the implementations of one case
+are timed in interleaved rounds, and their ratios are what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import jaxgrad  # noqa: E402
+
+CASES = [
+    # name, (N, H, W, C), (fh, fw, M), stride
+    ("[32,112,112,96] 3x3 s1", (32, 112, 112, 96), (3, 3, 1), 1),
+    ("[32,112,112,96] 3x3 s2", (32, 112, 112, 96), (3, 3, 1), 2),
+    ("[32,56,56,192] 5x5 s1", (32, 56, 56, 192), (5, 5, 1), 1),
+    ("[32,112,112,32] 3x3 s1 M2", (32, 112, 112, 32), (3, 3, 2), 1),
+]
+LAYOUTS = ("NHWC", "NCHW")
+DTYPES = ("bfloat16", "float32")
+OPS = ("forward", "backprop_input", "backprop_filter")
+IMPLEMENTATIONS = {"default": None, "xla": "xla", "pallas": "pallas"}
+
+
+# --------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------
+
+
+def _sync(out: Any) -> None:
+    for leaf in jax.tree.leaves(out):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+
+
+def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
+    """Median milliseconds per call of each zero-argument call: ``per_round`` calls
+    back to back, one sync, in interleaved rounds (first call compiles, untimed)."""
+    syncs = {name: _torch_sync if name.startswith("torch") else _sync for name in calls}
+    for name, call in calls.items():
+        for _ in range(2):
+            syncs[name](call())
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            for _ in range(per_round):
+                out = calls[name]()
+            syncs[name](out)
+            times[name].append((time.perf_counter() - start) / per_round)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def _torch_sync(out: Any) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def copy_bandwidth(size: int = 2**28) -> float:
+    """Bytes per second a device copy of ``size`` float32 words moves (read + write)."""
+    a = jnp.ones((size,), jnp.float32)
+    copy = jax.jit(lambda a: a + 0)
+    ms = rounds_ms({"copy": partial(copy, a)}, rounds=10)["copy"]
+    return 2 * a.nbytes / (ms / 1e3)
+
+
+# --------------------------------------------------------------------------------------
+# The ops and their peers
+# --------------------------------------------------------------------------------------
+
+
+def jaxgrad_ops(fmt: str, x_shape: tuple, f_shape: tuple, stride: int, impl: str | None) -> dict:
+    kw = dict(data_format=fmt, implementation=impl)
+    s = (stride, stride)
+    return {
+        "forward": jax.jit(lambda x, f: jaxgrad.depthwise_conv2d(x, f, s, "SAME", **kw)),
+        "backprop_input": jax.jit(
+            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(x_shape, f, dy, s, "SAME", **kw)
+        ),
+        "backprop_filter": jax.jit(
+            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(x, f_shape, dy, s, "SAME", **kw)
+        ),
+    }
+
+
+def lax_ops(fmt: str, c: int, m: int, stride: int) -> dict:
+    def conv(x, f):
+        w = f.reshape(*f.shape[:2], 1, c * m)
+        dn = (fmt, "HWIO", fmt)
+        return lax.conv_general_dilated(
+            x, w, (stride, stride), "SAME", dimension_numbers=dn, feature_group_count=c
+        )
+
+    return {
+        "forward": jax.jit(conv),
+        "backprop_input": jax.jit(lambda x, f, dy: jax.vjp(lambda x: conv(x, f), x)[1](dy)[0]),
+        "backprop_filter": jax.jit(lambda x, f, dy: jax.vjp(lambda f: conv(x, f), f)[1](dy)[0]),
+    }
+
+
+def torch_ops(torch: Any, x: np.ndarray, f: np.ndarray, dy: np.ndarray, stride: int, dtype: str):
+    """Each op as a zero-argument call per memory format (NCHW, channels_last)."""
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    fh, fw, c, m = f.shape
+    w = torch.tensor(
+        np.ascontiguousarray(np.transpose(f.reshape(fh, fw, c * m), (2, 0, 1))[:, None])
+    )
+    w = w.to("cuda", tdtype)
+    pad = [(fh - 1) // 2, (fw - 1) // 2]
+    aten, conv2d = torch.ops.aten, torch.nn.functional.conv2d
+    out = {}
+    for memory in ("NCHW", "channels_last"):
+        fmt = torch.channels_last if memory == "channels_last" else torch.contiguous_format
+        tx, tdy = (
+            torch.tensor(np.ascontiguousarray(np.transpose(a, (0, 3, 1, 2))))
+            .to("cuda", tdtype)
+            .contiguous(memory_format=fmt)
+            for a in (x, dy)
+        )
+        tw = w.contiguous(memory_format=fmt)
+        args = (tdy, tx, tw, None, [stride] * 2, pad, [1, 1], False, [0, 0], c)
+        out[memory] = {
+            "forward": partial(conv2d, tx, tw, None, stride, pad, 1, c),
+            "backprop_input": partial(aten.convolution_backward, *args, [True, False, False]),
+            "backprop_filter": partial(aten.convolution_backward, *args, [False, True, False]),
+        }
+    return out
+
+
+def nbytes(*arrays: Any) -> int:
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
+
+
+# --------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------
+
+
+def environment() -> dict:
+    import jaxlib
+
+    env = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "python": sys.version.split()[0],
+    }
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        env["driver"] = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        env["driver"] = "unknown"
+    for name in ("torch", "triton"):
+        try:
+            env[name] = __import__(name).__version__
+        except ImportError:
+            env[name] = None
+    return env
+
+
+def correctness(rng: np.random.Generator) -> list[dict]:
+    """Relative errors against float64 on the CPU, on 4 images of each case. The
+    reference is the portable implementation in float64, which the test suite
+    checks against a loop that follows the definition."""
+    cpu = jax.devices("cpu")[0]
+    rows = []
+    for name, (_, h, w, c), (fh, fw, m), stride in CASES:
+        x = rng.normal(size=(4, h, w, c)).astype(np.float32)
+        f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
+        oh, ow = -(-h // stride), -(-w // stride)
+        dy = rng.normal(size=(4, oh, ow, c * m)).astype(np.float32)
+        for dtype in (*DTYPES, "float16"):
+            # The reference sees the rounded operands: only the computation's error remains.
+            xr, fr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, f, dy))
+            with jax.default_device(cpu), jax.enable_x64(True):
+                ref = {
+                    k: np.asarray(v(*a))
+                    for k, v, a in _named(
+                        jaxgrad_ops("NHWC", xr.shape, fr.shape, stride, "xla"), xr, fr, dyr
+                    )
+                }
+            for fmt in LAYOUTS:
+                to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
+                back = (lambda a: np.transpose(a, (0, 2, 3, 1))) if fmt == "NCHW" else (lambda a: a)
+                xj, fj, dyj = (
+                    jnp.asarray(to(x), dtype),
+                    jnp.asarray(f, dtype),
+                    jnp.asarray(to(dy), dtype),
+                )
+                for label, impl in IMPLEMENTATIONS.items():
+                    ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
+                    for op, fn, args in _named(ops, xj, fj, dyj):
+                        got = np.asarray(fn(*args), np.float64)
+                        got = got if op == "backprop_filter" else back(got)
+                        err = np.linalg.norm(got - ref[op]) / np.linalg.norm(ref[op])
+                        rows.append(
+                            dict(
+                                case=name,
+                                layout=fmt,
+                                dtype=dtype,
+                                impl=label,
+                                op=op,
+                                error=float(err),
+                            )
+                        )
+                        print(
+                            f"  {name:<28} {fmt} {dtype:<9} {label:<8} {op:<16} {err:.2e}",
+                            flush=True,
+                        )
+    return rows
+
+
+def _named(ops: dict, x: Any, f: Any, dy: Any):
+    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
+    return [(op, ops[op], args[op]) for op in OPS]
+
+
+def determinism(processes: int = 3) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    runs = []
+    for _ in range(processes):
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "determinism_check.py"), "--size", "large"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
+        runs.append(dict(line.rsplit(" ", 1) for line in out.splitlines()))
+    cases = {name: len({run[name] for run in runs}) for name in runs[0]}
+    for name, patterns in cases.items():
+        print(f"  {name:<40} {'identical' if patterns == 1 else f'{patterns} bit patterns'}")
+    return {"processes": processes, "bit_patterns": cases}
+
+
+def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> list[dict]:
+    rows = []
+    for name, (n, h, w, c), (fh, fw, m), stride in CASES:
+        x = rng.normal(size=(n, h, w, c)).astype(np.float32)
+        f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
+        oh, ow = -(-h // stride), -(-w // stride)
+        dy = rng.normal(size=(n, oh, ow, c * m)).astype(np.float32)
+        for dtype in DTYPES:
+            theirs = torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
+            for fmt in LAYOUTS:
+                to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
+                xj, fj, dyj = (
+                    jnp.asarray(to(x), dtype),
+                    jnp.asarray(f, dtype),
+                    jnp.asarray(to(dy), dtype),
+                )
+                peer = lax_ops(fmt, c, m, stride)
+                moved = {
+                    "forward": nbytes(xj, fj, dyj),
+                    "backprop_input": nbytes(fj, dyj, xj),
+                    "backprop_filter": nbytes(xj, dyj, fj),
+                }
+                for op in OPS:
+                    calls = {}
+                    for label, impl in IMPLEMENTATIONS.items():
+                        ours = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
+                        ((_, fn, args),) = [t for t in _named(ours, xj, fj, dyj) if t[0] == op]
+                        calls[f"jaxgrad {label}"] = partial(fn, *args)
+                    lax_args = (xj, fj) if op == "forward" else (xj, fj, dyj)
+                    calls["lax"] = partial(peer[op], *lax_args)
+                    for memory, ops in theirs.items():
+                        calls[f"torch {memory}"] = ops[op]
+                    ms = rounds_ms(calls, rounds)
+                    torch_ms = min(
+                        (v for k, v in ms.items() if k.startswith("torch")), default=None
+                    )
+                    roof = 1e3 * moved[op] / bandwidth
+                    row = dict(
+                        case=name,
+                        layout=fmt,
+                        dtype=dtype,
+                        op=op,
+                        roofline=roof,
+                        torch=torch_ms,
+                        **ms,
+                    )
+                    best_peer = min(v for v in (ms["lax"], torch_ms) if v is not None)
+                    row["default_over_best_peer"] = ms["jaxgrad default"] / best_peer
+                    rows.append(row)
+                    print(
+                        f"  {name:<28} {fmt} {dtype:<8} {op:<16} roof {roof:.3f}  "
+                        + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
+                        + f"  default/best peer {row['default_over_best_peer']:.2f}",
+                        flush=True,
+                    )
+    return rows
+
+
+def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
+    import unet
+
+    params = unet.init_params(jax.random.key(0))
+    noisy, clean = unet.make_batch(jax.random.key(1), batch, size)
+    opt = unet.adam_init(params)
+    calls = {}
+    for name, ops in (("jaxgrad", unet.JAXGRAD), ("stock", unet.STOCK)):
+        step = jax.jit(lambda p, o, x, y, ops=ops: unet.train_step(p, o, x, y, ops))
+        calls[name] = partial(step, params, opt, noisy, clean)
+    ms = rounds_ms(calls, rounds)
+    print(
+        f"  batch {batch} of {size}x{size}: jaxgrad {ms['jaxgrad']:.2f} ms, "
+        f"stock {ms['stock']:.2f} ms, speed-up {ms['stock'] / ms['jaxgrad']:.2f}x"
+    )
+    return dict(batch=batch, size=size, **ms)
+
+
+def render(results: dict) -> str:
+    """The results as markdown tables, for the docs' GPU section."""
+    m = results["machine"]
+    lines = [
+        f"{m['device']}, driver {m['driver']}, jax {m['jax']}, jaxlib {m['jaxlib']}, "
+        f"torch {m['torch']}, triton {m['triton']}; copy roofline "
+        f"{results['copy_bandwidth_GBps']:.0f} GB/s.",
+        "",
+        "| case | layout | dtype | op | roofline | default | xla | pallas | lax | torch "
+        "| default / best peer | default / roofline |",
+        "|" + "---|" * 12,
+    ]
+    for r in results["speed"]:
+        torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
+        lines.append(
+            f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
+            f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} | {r['jaxgrad pallas']:.3f} "
+            f"| {r['lax']:.3f} | {torch_ms} | {r['default_over_best_peer']:.2f} "
+            f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
+        )
+    worst: dict[tuple[str, str, str], float] = {}
+    for r in results["correctness"]:
+        key = (r["dtype"], r["impl"], r["op"])
+        worst[key] = max(worst.get(key, 0.0), r["error"])
+    lines += ["", "| dtype | implementation | op | worst relative error |", "|---|---|---|---|"]
+    lines += [f"| {d} | {i} | {o} | {e:.2e} |" for (d, i, o), e in sorted(worst.items())]
+    if "determinism" in results:
+        patterns = results["determinism"]["bit_patterns"]
+        differ = [name for name, n in patterns.items() if n > 1]
+        lines += [
+            "",
+            f"Fresh processes: {results['determinism']['processes']}; cases with more than one "
+            f"bit pattern: {len(differ)} of {len(patterns)}"
+            + (f" ({', '.join(differ)})" if differ else ""),
+        ]
+    t = results["train_step"]
+    lines += [
+        "",
+        f"U-Net step, batch {t['batch']} of {t['size']}x{t['size']}: "
+        f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
+        f"({t['stock'] / t['jaxgrad']:.2f}x).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument("--skip-determinism", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny shapes on any backend, no PyTorch: checks that the script runs",
+    )
+    args = parser.parse_args()
+    torch = None
+    if args.smoke:
+        CASES[:] = [(name, (2, 9, 10, 4 * m), k, s) for name, _, k, s in CASES for m in [k[2]]]
+        args.rounds = 1
+    elif jax.default_backend() != "gpu":
+        raise SystemExit("benchmarks/gpu.py needs a CUDA GPU as JAX's default backend")
+    else:
+        with contextlib.suppress(ImportError):
+            import torch
+    rng = np.random.default_rng(0)
+    results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
+    print("machine:", json.dumps(results.setdefault("machine", environment())))
+    print("correctness (relative error against float64):")
+    results["correctness"] = correctness(rng)
+    if not (args.skip_determinism or args.smoke):
+        print("reproducibility in 3 fresh processes:")
+        results["determinism"] = determinism()
+    bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)
+    results["copy_bandwidth_GBps"] = bandwidth / 1e9
+    print(f"speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
+    results["speed"] = speed(rng, bandwidth, args.rounds, torch)
+    print("U-Net training step:")
+    results["train_step"] = train_step(args.rounds, *((2, 16) if args.smoke else ()))
+    print()
+    print(render(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

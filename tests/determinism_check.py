@@ -1,0 +1,101 @@
+"""Prints a digest of every op's forward and gradients, one line each, for comparing
+fresh processes (tests/test_determinism.py here, benchmarks/gpu.py on a GPU).
+
+    python tests/determinism_check.py [--size small|large]
+
+Each line is ``<case> <sha256 of the result's bytes>``. The depthwise ops run in
+every implementation that can run on the default backend ("xla" and "pallas" on
+the CPU and on CUDA GPUs). ``large`` uses the shapes a GPU trains on, where XLA's
+autotuner would pick a reduction's tiling per process; ``small`` keeps interpreted
+kernels quick on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxgrad
+
+SIZES = {
+    # (resample input NHWC, depthwise input NHWC, depthwise filter)
+    "small": ((2, 16, 16, 8), (2, 12, 12, 8), (3, 3, 8, 2)),
+    "large": ((32, 64, 64, 64), (32, 112, 112, 96), (3, 3, 96, 1)),
+}
+
+
+def digest(tree) -> str:
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(tree):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def implementations() -> list[str | None]:
+    platform = jax.default_backend()
+    if platform == "cpu" or (
+        platform == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower()
+    ):
+        return [None, "xla", "pallas"]
+    return [None, "xla"]
+
+
+def cases(size: str):
+    """Yields (name, function, arguments): each op's forward and its VJP."""
+    resample_shape, conv_shape, filter_shape = SIZES[size]
+    rng = np.random.default_rng(0)
+
+    for dtype in (jnp.float32, jnp.bfloat16):
+        tag = jnp.dtype(dtype).name
+
+        def arr(*shape):
+            return jnp.asarray(rng.normal(size=shape), dtype)  # noqa: B023
+
+        x = arr(*resample_shape)
+        yield f"relu {tag}", lambda x: jax.vjp(jaxgrad.relu, x)[1](x)[0] + jaxgrad.relu(x), (x,)
+        for mode, scale in (("nearest", 2.0), ("linear", 2.0), ("linear", 0.5), ("linear", 1.7)):
+            scales = (1.0, scale, scale, 1.0)
+
+            def resample_vjp(x, scales=scales, mode=mode):
+                y, vjp = jax.vjp(lambda x: jaxgrad.resample(x, scales, mode=mode), x)
+                return y, vjp(y * 0.5 + 1)[0]
+
+            yield f"resample {mode} {scale} {tag}", resample_vjp, (x,)
+
+        def resize_vjp(x):
+            y, vjp = jax.vjp(lambda x: jaxgrad.resize(x, (x.shape[0], 40, 24, x.shape[3])), x)
+            return y, vjp(y)[0]
+
+        yield f"resize {tag}", resize_vjp, (x,)
+
+        x, f = arr(*conv_shape), arr(*filter_shape)
+        for implementation in implementations():
+            for fmt in ("NHWC", "NCHW"):
+                xi = x if fmt == "NHWC" else jnp.transpose(x, (0, 3, 1, 2))
+
+                def conv_vjp(x, f, fmt=fmt, implementation=implementation):
+                    def conv(x, f):
+                        return jaxgrad.depthwise_conv2d(
+                            x, f, (1, 1), "SAME", data_format=fmt, implementation=implementation
+                        )
+
+                    y, vjp = jax.vjp(conv, x, f)
+                    return y, vjp(y)
+
+                yield f"depthwise {implementation} {fmt} {tag}", conv_vjp, (xi, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    args = parser.parse_args()
+    for name, fn, operands in cases(args.size):
+        print(name, digest(jax.jit(fn)(*operands)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
