@@ -83,7 +83,8 @@ def run(
     if implementation is None:
         if not (pallas_available and pallas_preferred and _has_cuda()):
             return xla(*args)
-        return lax.platform_dependent(*args, cuda=compiled, default=xla)
+        chosen: jax.Array = lax.platform_dependent(*args, cuda=compiled, default=xla)
+        return chosen
     if not pallas_available:
         raise ValueError(
             f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "
@@ -96,4 +97,5 @@ def run(
             f"(interpreted), not on {platform!r}; use implementation=None or 'xla'"
         )
     interpreted = lambda *a: pallas(*a, interpret=True)  # noqa: E731
-    return lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
+    kernels: jax.Array = lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
+    return kernels

@@ -298,7 +298,7 @@ def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
     """Whether ``implementation=None`` takes the kernels on a CUDA GPU: every
     configuration, in the dtypes training runs in (float64 stays on "xla")."""
     del conv  # the kernels cover every stride, dilation, padding, layout and multiplier
-    return jax.numpy.dtype(dtype) != jax.numpy.float64
+    return bool(jax.numpy.dtype(dtype) != jax.numpy.float64)
 
 
 def _run(op: str, impl: str | None, conv: Conv, xla, pallas, *args: jax.Array) -> jax.Array:  # type: ignore[no-untyped-def]

@@ -150,8 +150,14 @@ def _tap_vector(f_ref: Any, launch: _Launch, tap: int, chans: Any, dtype: Any) -
     return tap_values.astype(dtype)
 
 
-def _lanes(block: int, size: int) -> jax.Array:
-    return block * size + jnp.arange(size, dtype=jnp.int32)
+def _struct(shape: tuple[int, ...], dtype: Any) -> Any:
+    return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
+
+
+def _lanes(block: Any, size: int) -> jax.Array:
+    """The ``size`` consecutive indices of block ``block``."""
+    lanes: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
+    return lanes
 
 
 def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
@@ -213,7 +219,7 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.A
     )
     return launch.call(
         functools.partial(_forward_kernel, conv=conv),
-        jax.ShapeDtypeStruct(conv.output_shape, x.dtype),
+        _struct(conv.output_shape, x.dtype),
         grid,
         x,
         f.reshape(fh * fw, channels),
@@ -287,7 +293,7 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
     )
     return launch.call(
         functools.partial(_input_kernel, conv=conv),
-        jax.ShapeDtypeStruct(conv.input_shape, dy.dtype),
+        _struct(conv.input_shape, dy.dtype),
         grid,
         f.reshape(fh * fw, conv.channels * conv.multiplier),
         dy,
@@ -417,7 +423,7 @@ def filter_gradient(
     programs = conv.batch * pl.cdiv(conv.out_size[0], launch.rows)
     partials = launch.call(
         functools.partial(_partials_kernel, conv=conv),
-        jax.ShapeDtypeStruct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
+        _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
         (programs, pl.cdiv(channels, launch.channels), len(_tap_groups(conv))),
         x,
         dy,
@@ -425,7 +431,7 @@ def filter_gradient(
     size = fh * fw * channels
     summed = launch.call(
         _sum_kernel,
-        jax.ShapeDtypeStruct((size,), out_dtype),
+        _struct((size,), out_dtype),
         (pl.cdiv(size, _SUM_LANES),),
         partials.reshape(programs, size),
     )

@@ -23,8 +23,7 @@ from typing import Any
 import jax
 from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrad import _checks
 from jaxgrad._depthwise import _pallas
@@ -40,11 +39,11 @@ class _Split:
     batch: tuple[str, ...]
     channels: tuple[str, ...]
 
-    def activation(self, conv: Conv) -> P:
+    def activation(self, conv: Conv) -> Any:
         batch, channels = self.batch or None, self.channels or None
         return P(batch, channels, None, None) if conv.nchw else P(batch, None, None, channels)
 
-    def filter(self) -> P:
+    def filter(self) -> Any:
         return P(None, None, self.channels or None, None)
 
     def local(self, conv: Conv, mesh: Any) -> Conv:
@@ -53,6 +52,10 @@ class _Split:
             batch=conv.batch // _size(mesh, self.batch),
             channels=conv.channels // _size(mesh, self.channels),
         )
+
+
+def P(*axes: Any) -> Any:  # PartitionSpec under its usual short name, typed
+    return PartitionSpec(*axes)  # type: ignore[no-untyped-call]
 
 
 def _size(mesh: Any, axes: tuple[str, ...]) -> int:
@@ -104,7 +107,7 @@ def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
     # The first activation among the operands decides how batch and channels split.
     lead = operands.index("x") if "x" in operands else operands.index("y")
 
-    def specs(split: _Split, conv: Conv) -> list[P]:
+    def specs(split: _Split, conv: Conv) -> list[Any]:
         return [split.filter() if o == "f" else split.activation(conv) for o in operands + result]
 
     def partition(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any):  # type: ignore[no-untyped-def]
@@ -119,9 +122,12 @@ def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
                 return kernel(a, b, local, interpret=interpret)
             # Each device's float32 sum, then one all-reduce, then one rounding.
             sums = kernel(a, b, local, interpret=interpret, dtype=_checks.compute_dtype(a.dtype))
-            return lax.psum(sums, split.batch).astype(a.dtype)
+            total: jax.Array = lax.psum(sums, split.batch)  # type: ignore[no-untyped-call]
+            return total.astype(a.dtype)
 
-        shard = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+        def shard(spec: Any) -> Any:
+            return NamedSharding(mesh, spec)
+
         return mesh, lower, shard(out_spec), tuple(shard(s) for s in arg_specs)
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
@@ -133,7 +139,7 @@ def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
     def call(a: jax.Array, b: jax.Array, conv: Conv, interpret: bool) -> jax.Array:
         return kernel(a, b, conv, interpret=interpret)
 
-    call.def_partition(
+    call.def_partition(  # type: ignore[no-untyped-call]
         partition=partition,
         infer_sharding_from_operands=infer,
         sharding_rule=lambda conv, interpret, mesh, args, results: _rule(conv, operands, result),
