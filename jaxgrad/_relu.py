@@ -95,7 +95,7 @@ def relu_grad(x: ArrayLike, dy: ArrayLike) -> jax.Array:
 
 
 def _masked(positive: jax.Array, dy: jax.Array) -> jax.Array:
-    # Plain autodiff of this select is already SPEC §0's VJP of relu_grad: the
+    # Plain autodiff of this select is already the VJP relu_grad needs: the
     # cotangent for dy is relu_grad(x, c) and the mask, a comparison, gets none.
     return jnp.where(positive, dy, jnp.zeros((), dy.dtype))
 

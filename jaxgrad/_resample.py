@@ -358,7 +358,7 @@ def _longest_positive_stretch(values: np.ndarray) -> tuple[int, int]:
 
 
 def _dml_coordinates(n_out: int, scale: float, a: float, b: float) -> tuple[float, ...]:
-    """SPEC §2.1's ``u(o) = (o - b) / s - a`` for every output index, in float64."""
+    """The coordinate ``u(o) = (o - b) / s - a`` for every output index, in float64."""
     o = np.arange(n_out, dtype=np.float64)
     return tuple(((o - b) / scale - a).tolist())
 
@@ -599,7 +599,8 @@ def _resample_core_fwd(
 def _resample_core_bwd(
     axes: tuple[Axis, ...], transpose: bool, _: None, g: jax.Array
 ) -> tuple[jax.Array]:
-    # resample's VJP is resample_grad and resample_grad's is resample (SPEC §0).
+    # resample's VJP is resample_grad and resample_grad's is resample: the set is
+    # closed under differentiation.
     return (resample_core(g, axes, not transpose),)
 
 

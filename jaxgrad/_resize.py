@@ -118,7 +118,7 @@ def resize(
                 f"{op}: floor(x.shape * scales) = {out_shape} has a zero length "
                 f"(x.shape {x.shape}, scales {scales_})"
             )
-    # ONNX's round_prefer_floor is ceil(u - 0.5): ties go down (SPEC §2.7).
+    # ONNX's round_prefer_floor is ceil(u - 0.5): ties go down.
     rounding, shift = {
         "round_prefer_floor": ("up", 0.5),
         "round_prefer_ceil": ("half_up", 0.0),

@@ -241,17 +241,23 @@ def test_float16_is_widened_in_the_loop_that_reads_it(op):
     # float16 operands are read in place and each window (and each slice of the
     # filter gradient's dy) widened to float32 in the loop that uses it. Converted
     # up front, each op wrote a float32 copy of its input first (the NHWC 3x3
-    # forward on [8, 64, 64, 64] took 1.7-2.4 ms so, 0.9-1.0 ms now).
+    # forward on [8, 64, 64, 64] took 1.7-2.4 ms so, 0.9-1.0 ms now). A property of
+    # the portable implementation's program on XLA:CPU.
+    xla = dict(implementation="xla")
     x = jnp.zeros((2, 9, 7, 3), jnp.float16)
     f = jnp.zeros((3, 3, 3, 1), jnp.float16)
     calls = {
-        "forward": (lambda x, f: jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME"), (x, f)),
+        "forward": (lambda x, f: jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", **xla), (x, f)),
         "backprop_input": (
-            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, dy, (1, 1), "SAME"),
+            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(
+                x.shape, f, dy, (1, 1), "SAME", **xla
+            ),
             (f, x),
         ),
         "backprop_filter": (
-            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, dy, (1, 1), "SAME"),
+            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(
+                x, f.shape, dy, (1, 1), "SAME", **xla
+            ),
             (x, x),
         ),
     }
