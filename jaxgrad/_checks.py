@@ -53,8 +53,33 @@ def choice(op: str, name: str, value: Any, valid: Sequence[str]) -> str:
     return value
 
 
+def check_static(op: str, name: str, value: Any) -> None:
+    """Raises ``TypeError`` if ``value``, or an entry of it, is traced.
+
+    Shapes and parameters fix the shape of the program, so they must be known when
+    it is traced: under ``jax.jit`` they cannot be arguments of the jitted function.
+    """
+    entries = value if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
+    if any(isinstance(v, jax.core.Tracer) for v in (value, *entries)):
+        raise TypeError(
+            f"{op}: {name} must be static (concrete Python values, such as numbers or "
+            f"x.shape), got a traced value under a JAX transformation; pass it through a "
+            f"closure or functools.partial, or mark it with jax.jit's static_argnums"
+        )
+
+
+def is_scalar(value: Any) -> bool:
+    """A single number: a Python, NumPy or JAX scalar, or a 0-d array (not a bool)."""
+    if isinstance(value, bool | np.bool_):
+        return False
+    if isinstance(value, int | float | np.integer | np.floating):
+        return True
+    return isinstance(value, np.ndarray | jax.Array) and value.ndim == 0
+
+
 def int_tuple(op: str, name: str, value: Any) -> tuple[int, ...]:
     """A sequence of Python or NumPy integers as a tuple of ints."""
+    check_static(op, name, value)
     if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
         raise TypeError(f"{op}: {name} must be a sequence of ints, got {value!r}")
     try:
@@ -65,9 +90,10 @@ def int_tuple(op: str, name: str, value: Any) -> tuple[int, ...]:
 
 def float_per_axis(op: str, name: str, value: Any, rank: int) -> tuple[float, ...]:
     """A scalar or one number per axis, as ``rank`` finite Python floats."""
+    check_static(op, name, value)
     if isinstance(value, bool | str):
         raise TypeError(f"{op}: {name} must be a number or a sequence of numbers, got {value!r}")
-    if isinstance(value, int | float | np.integer | np.floating):
+    if is_scalar(value):
         values: tuple[float, ...] = (float(value),) * rank
     else:
         try:

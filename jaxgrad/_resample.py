@@ -91,18 +91,23 @@ def resample(
         rounding direction). Ignored by ``"linear"``.
       input_pixel_offsets: ``a``; a number, or one per axis.
       output_pixel_offsets: ``b``; a number, or one per axis.
-      output_shape: the output's shape, one positive length per axis. Defaults to
-        ``floor(n_in * s)`` per axis. The coordinates use ``scales`` either way.
+      output_shape: the output's shape, one non-negative length per axis (a zero
+        length gives an empty result, as does an empty ``x`` with zero lengths
+        where it is empty). Defaults to ``floor(n_in * s)`` per axis, which must not
+        be 0. The coordinates use ``scales`` either way.
 
     Returns:
       The resampled array, with ``output_shape`` and the dtype of ``x``. Half
       precision inputs are interpolated in float32 and rounded once.
 
     Raises:
-      TypeError: ``x`` is not an array, or its dtype does not suit ``mode``.
+      TypeError: ``x`` is not an array, or its dtype does not suit ``mode``;
+        ``scales`` is a single number; a shape or parameter is traced (they must
+        be static Python values).
       ValueError: ``x`` is 0-d; a scale is not positive and finite; an offset is
         not finite; a per-axis argument has the wrong length; ``mode`` or
-        ``rounding`` is unknown; an output length is not positive.
+        ``rounding`` is unknown; an output length is negative, or the default
+        one is 0; an empty axis of ``x`` is to be sampled into a non-empty one.
 
     Examples:
       The example of DirectML's RESAMPLE_GRAD1 page: height halved, width times
@@ -132,7 +137,10 @@ def resample(
                 f"zero length (x.shape {x.shape}, scales {scales_}); pass output_shape"
             )
     else:
-        out_shape = positive_shape(op, "output_shape", output_shape, x.ndim)
+        out_shape = check_shape(op, "output_shape", output_shape, x.ndim)
+    check_samples(op, x.shape, out_shape)
+    if 0 in x.shape or 0 in out_shape:  # empty in or out: nothing to compute
+        return jnp.zeros(out_shape, x.dtype)
     axes = tuple(
         Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(x.shape, out_shape, scales_, a, b, strict=True)
@@ -171,7 +179,7 @@ def resample_grad(
     Args:
       dy: the gradient flowing into ``resample``'s output, rank >= 1, floating.
       input_shape: the shape of the forward's input (the result's shape), one
-        positive length per axis of ``dy``.
+        non-negative length per axis of ``dy``.
       scales: one positive, finite scale per axis, as given to ``resample``.
       mode: ``"nearest"`` or ``"linear"``.
       rounding: ``"half_up"``, ``"down"`` or ``"up"``, as given to ``resample``.
@@ -185,7 +193,8 @@ def resample_grad(
     Raises:
       TypeError: ``dy`` is not a floating array.
       ValueError: ``input_shape``'s rank differs from ``dy``'s, or a length is
-        not positive, or any argument ``resample`` would refuse.
+        negative, or an axis of ``input_shape`` is empty where ``dy``'s is not,
+        or any argument ``resample`` would refuse.
 
     Examples:
       The example of DirectML's RESAMPLE_GRAD1 page:
@@ -205,10 +214,13 @@ def resample_grad(
     check_rank(op, "dy", dy)
     mode, rounding = check_mode(op, mode, rounding)
     check_dtype(op, "dy", dy, allow_integers=False)
-    in_shape = positive_shape(op, "input_shape", input_shape, dy.ndim)
+    in_shape = check_shape(op, "input_shape", input_shape, dy.ndim)
     scales_ = positive_scales(op, scales, dy.ndim)
     a = _checks.float_per_axis(op, "input_pixel_offsets", input_pixel_offsets, dy.ndim)
     b = _checks.float_per_axis(op, "output_pixel_offsets", output_pixel_offsets, dy.ndim)
+    check_samples(op, in_shape, dy.shape)
+    if 0 in in_shape or 0 in dy.shape:  # no output reads any input
+        return jnp.zeros(in_shape, dy.dtype)
     axes = tuple(
         Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(in_shape, dy.shape, scales_, a, b, strict=True)
@@ -632,7 +644,8 @@ def check_dtype(op: str, name: str, x: jax.Array, *, allow_integers: bool) -> No
 
 
 def positive_scales(op: str, scales: Any, rank: int) -> tuple[float, ...]:
-    if isinstance(scales, int | float):
+    _checks.check_static(op, "scales", scales)
+    if _checks.is_scalar(scales):  # a scale per axis, batch and channels included
         raise TypeError(
             f"{op}: scales must have one entry per axis of the input ({rank}), got {scales!r}"
         )
@@ -642,10 +655,21 @@ def positive_scales(op: str, scales: Any, rank: int) -> tuple[float, ...]:
     return values
 
 
-def positive_shape(op: str, name: str, shape: Any, rank: int) -> tuple[int, ...]:
+def check_shape(op: str, name: str, shape: Any, rank: int) -> tuple[int, ...]:
+    """One non-negative length per axis (zero lengths give empty arrays)."""
     values = _checks.int_tuple(op, name, shape)
     if len(values) != rank:
         raise ValueError(f"{op}: {name} must have one entry per axis ({rank}), got {len(values)}")
-    if not all(n > 0 for n in values):
-        raise ValueError(f"{op}: {name} must be positive, got {values}")
+    if not all(n >= 0 for n in values):
+        raise ValueError(f"{op}: {name} must be non-negative, got {values}")
     return values
+
+
+def check_samples(op: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
+    """An output along an axis needs an input there to sample."""
+    for axis, (n, m) in enumerate(zip(in_shape, out_shape, strict=True)):
+        if n == 0 and m > 0:
+            raise ValueError(
+                f"{op}: axis {axis} of the input is empty, so there is nothing to sample for "
+                f"its {m} outputs (input shape {in_shape}, output shape {out_shape})"
+            )

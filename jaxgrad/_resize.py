@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
@@ -63,7 +64,8 @@ def resize(
 
     Args:
       x: array of rank >= 1; floating, or integer or bool for ``mode="nearest"``.
-      output_shape: the output's shape, one positive length per axis.
+      output_shape: the output's shape, one non-negative length per axis (zero
+        lengths give an empty result, as ``jax.image.resize`` does).
       scales: one positive, finite scale per axis (ONNX's ``scales`` input).
       mode: ``"nearest"`` or ``"linear"``.
       coordinate_transformation_mode: one of the six above.
@@ -75,9 +77,10 @@ def resize(
 
     Raises:
       TypeError: ``x`` is not an array, or its dtype does not suit ``mode``.
-      ValueError: both or neither of ``output_shape`` and ``scales``; a length or
-        scale that is not positive; a per-axis argument of the wrong length; an
-        unknown mode; an output length of 0.
+      ValueError: both or neither of ``output_shape`` and ``scales``; a negative
+        length or a scale that is not positive; a per-axis argument of the wrong
+        length; an unknown mode; ``scales`` that give an output length of 0; an
+        empty axis of ``x`` to be resized into a non-empty one.
 
     Examples:
       PyTorch's ``F.interpolate(x, scale_factor=2, mode="linear")``:
@@ -108,7 +111,10 @@ def resize(
             f"{'both' if output_shape is not None else 'neither'}"
         )
     if scales is None:
-        out_shape = _resample.positive_shape(op, "output_shape", output_shape, x.ndim)
+        out_shape = _resample.check_shape(op, "output_shape", output_shape, x.ndim)
+        _resample.check_samples(op, x.shape, out_shape)
+        if 0 in x.shape or 0 in out_shape:  # empty in or out, as jax.image.resize
+            return jnp.zeros(out_shape, x.dtype)
         scales_ = tuple(m / n for m, n in zip(out_shape, x.shape, strict=True))
     else:
         scales_ = _resample.positive_scales(op, scales, x.ndim)

@@ -373,6 +373,46 @@ bpf = jaxgrad.depthwise_conv2d_backprop_filter
             r"depthwise_conv2d: input channels \(2\) must equal the filter's in_channels \(3\)",
         ),
         (
+            # NCHW data with the NHWC default: say which layout would match.
+            lambda: conv(jnp.ones((1, 2, 5, 5)), F, (1, 1), "SAME"),
+            ValueError,
+            r"input channels \(5\) must equal the filter's in_channels \(2\).*The input "
+            r"matches the filter if it is NCHW, not NHWC: pass data_format='NCHW'",
+        ),
+        (
+            lambda: conv(X, F, (1, 1), "SAME", data_format="NCHW"),
+            ValueError,
+            "if it is NHWC, not NCHW: pass data_format='NHWC'",
+        ),
+        (
+            # PyTorch's depthwise weight, [C * M, 1, kh, kw].
+            lambda: conv(X, jnp.ones((4, 1, 3, 3)), (1, 1), "SAME"),
+            ValueError,
+            r"The filter looks like PyTorch's \[out_channels, 1, kh, kw\]; jaxgrad takes "
+            r"\[filter_height, filter_width, in_channels, channel_multiplier\]",
+        ),
+        (
+            lambda: conv(X, jnp.ones((3, 3, 2, 0)), (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: filter must have a positive height, width and "
+            r"channel_multiplier .*got shape \(3, 3, 2, 0\)",
+        ),
+        (
+            lambda: conv(X, jnp.ones((0, 3, 2, 1)), (1, 1), "SAME"),
+            ValueError,
+            r"depthwise_conv2d: filter must have a positive height.*got shape \(0, 3, 2, 1\)",
+        ),
+        (
+            lambda: bpf(X, (3, 0, 2, 1), DY, (1, 1), "SAME"),
+            ValueError,
+            "depthwise_conv2d_backprop_filter: filter_sizes must have a positive height",
+        ),
+        (
+            lambda: jax.jit(lambda f, dy, s: bpi(s, f, dy, (1, 1), "SAME"))(F, DY, (1, 5, 5, 2)),
+            TypeError,
+            "depthwise_conv2d_backprop_input: input_sizes must be static",
+        ),
+        (
             lambda: conv(X, F, (1, 1), "FULL"),
             ValueError,
             "depthwise_conv2d: padding must be one of 'SAME', 'VALID', 'EXPLICIT', got 'FULL'",

@@ -587,9 +587,63 @@ X = jnp.ones((2, 3))
             r"resample: output_shape must have one entry per axis \(2\), got 1",
         ),
         (
-            lambda: jaxgrad.resample(X, (2, 2), output_shape=(4, 0)),
+            lambda: jaxgrad.resample(X, (2, 2), output_shape=(4, -1)),
             ValueError,
-            r"resample: output_shape must be positive, got \(4, 0\)",
+            r"resample: output_shape must be non-negative, got \(4, -1\)",
+        ),
+        (
+            lambda: jaxgrad.resample(jnp.ones((0, 4)), (1, 2), output_shape=(1, 8)),
+            ValueError,
+            r"resample: axis 0 of the input is empty, so there is nothing to sample for its 1 "
+            r"outputs \(input shape \(0, 4\), output shape \(1, 8\)\)",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(jnp.ones((1, 8)), (0, 4), (1, 2)),
+            ValueError,
+            "resample_grad: axis 0 of the input is empty, so there is nothing to sample",
+        ),
+        (
+            lambda: jaxgrad.resize(jnp.ones((0, 4)), (2, 8)),
+            ValueError,
+            "resize: axis 0 of the input is empty",
+        ),
+        # NumPy and JAX scalars are numbers like Python's: one scale is not one per axis.
+        *[
+            (
+                lambda scale=scale: jaxgrad.resample(X, scale),
+                TypeError,
+                r"resample: scales must have one entry per axis of the input \(2\), got",
+            )
+            for scale in (2.0, np.float32(2.0), jnp.float32(2.0), np.asarray(2.0))
+        ],
+        # Shapes and parameters traced under jit: say they must be static, and how.
+        (
+            lambda: jax.jit(lambda x, s: jaxgrad.resample(x, s))(X, jnp.array([2.0, 2.0])),
+            TypeError,
+            r"resample: scales must be static \(concrete Python values.*functools.partial, "
+            r"or mark it with jax.jit's static_argnums",
+        ),
+        (
+            lambda: jax.jit(lambda x, s: jaxgrad.resample(x, (2, 2), output_shape=s))(X, (4, 6)),
+            TypeError,
+            "resample: output_shape must be static",
+        ),
+        (
+            lambda: jax.jit(lambda x, a: jaxgrad.resample(x, (2, 2), input_pixel_offsets=a))(
+                X, 0.5
+            ),
+            TypeError,
+            "resample: input_pixel_offsets must be static",
+        ),
+        (
+            lambda: jax.jit(lambda g, s: jaxgrad.resample_grad(g, s, (1, 1)))(X, (2, 3)),
+            TypeError,
+            "resample_grad: input_shape must be static",
+        ),
+        (
+            lambda: jax.jit(lambda x, s: jaxgrad.resize(x, s))(X, (4, 6)),
+            TypeError,
+            "resize: output_shape must be static",
         ),
         (
             lambda: jaxgrad.resample(X, (2, 0.3)),
@@ -620,7 +674,7 @@ X = jnp.ones((2, 3))
         (
             lambda: jaxgrad.resample_grad(X, (2, -3), (1, 1)),
             ValueError,
-            r"resample_grad: input_shape must be positive, got \(2, -3\)",
+            r"resample_grad: input_shape must be non-negative, got \(2, -3\)",
         ),
         (
             lambda: jaxgrad.resample_grad(X, (2, 3), (1, 1, 1)),
@@ -647,3 +701,37 @@ X = jnp.ones((2, 3))
 def test_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_scalars_of_every_kind_are_numbers():
+    # An offset may be one number for every axis, whatever its type.
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 5)))
+    want = jaxgrad.resample(x, (2, 2), input_pixel_offsets=0.25, mode="linear")
+    for offset in (np.float32(0.25), jnp.float32(0.25), np.asarray(0.25), jnp.asarray(0.25)):
+        got = jaxgrad.resample(x, (2, 2), input_pixel_offsets=offset, mode="linear")
+        np.testing.assert_array_equal(got, want)
+    scales = (jnp.float32(2), np.int64(2))
+    np.testing.assert_array_equal(
+        jaxgrad.resample(x, scales, input_pixel_offsets=0.25, mode="linear"), want
+    )
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_empty_in_empty_out(mode):
+    # As jax.image.resize: an empty input gives an empty output, and explicit zero
+    # output lengths are allowed; the gradients are empty or zero alike.
+    empty = jaxgrad.resample(jnp.ones((0, 4)), (1, 2), mode=mode, output_shape=(0, 8))
+    assert empty.shape == (0, 8)
+    assert jaxgrad.resample(jnp.ones((3, 4)), (1, 2), mode=mode, output_shape=(3, 0)).shape == (
+        3,
+        0,
+    )
+    assert jaxgrad.resample_grad(jnp.ones((0, 8)), (0, 4), (1, 2), mode=mode).shape == (0, 4)
+    # No output reads any input: the gradient is zero.
+    grad = jaxgrad.resample_grad(jnp.ones((3, 0)), (3, 4), (1, 2), mode=mode)
+    np.testing.assert_array_equal(grad, np.zeros((3, 4)))
+    x = jnp.ones((3, 4))
+    g = jax.grad(lambda x: jaxgrad.resample(x, (1, 2), mode=mode, output_shape=(3, 0)).sum())(x)
+    np.testing.assert_array_equal(g, np.zeros((3, 4)))
+    assert jaxgrad.resize(jnp.ones((0, 4)), (0, 8), mode=mode).shape == (0, 8)
+    assert jax.image.resize(jnp.ones((0, 4)), (0, 8), mode).shape == (0, 8)

@@ -283,7 +283,15 @@ def depthwise_conv2d_backprop_filter(
     check_rank(op, "input", x.shape)
     check_rank(op, "out_backprop", dy.shape)
     conv = configure(
-        op, x.shape, sizes, strides, padding, data_format, dilations, explicit_paddings
+        op,
+        x.shape,
+        sizes,
+        strides,
+        padding,
+        data_format,
+        dilations,
+        explicit_paddings,
+        filter_name="filter_sizes",
     )
     check_out_backprop(op, conv, dy.shape)
     return _backprop_filter(x, dy, conv, _implementation.check(op, implementation))

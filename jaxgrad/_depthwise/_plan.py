@@ -58,8 +58,13 @@ def configure(
     data_format: Any,
     dilations: Any,
     explicit_paddings: Any,
+    *,
+    filter_name: str = "filter",
 ) -> Conv:
-    """Validates the arguments and computes output sizes and padding ."""
+    """Validates the arguments and computes output sizes and padding.
+
+    ``filter_name`` is what the op calls the filter's shape in its messages.
+    """
     padding = _checks.choice(op, "padding", padding, PADDINGS)
     data_format = _checks.choice(op, "data_format", data_format, DATA_FORMATS)
     nchw = data_format == "NCHW"
@@ -69,10 +74,17 @@ def configure(
     n, c = input_shape[0], input_shape[1 if nchw else 3]
     in_hw = tuple(input_shape[2:]) if nchw else tuple(input_shape[1:3])
     fh, fw, fc, m = filter_shape
+    layout = "[filter_height, filter_width, in_channels, channel_multiplier]"
+    if min(fh, fw) < 1 or m < 1:
+        raise ValueError(
+            f"{op}: {filter_name} must have a positive height, width and channel_multiplier "
+            f"(laid out {layout}), got shape {tuple(filter_shape)}"
+        )
     if c != fc:
         raise ValueError(
             f"{op}: input channels ({c}) must equal the filter's in_channels ({fc}); "
             f"input shape {tuple(input_shape)}, filter shape {tuple(filter_shape)}"
+            + _channels_hint(input_shape, filter_shape, nchw)
         )
     pads, outs = [], []
     for axis, size, k, s, d, ex in zip(
@@ -108,6 +120,26 @@ def configure(
         pads=(pads[0], pads[1]),
         out_size=(outs[0], outs[1]),
     )
+
+
+def _channels_hint(input_shape: Sequence[int], filter_shape: Sequence[int], nchw: bool) -> str:
+    """What a channel mismatch most likely means, where the shapes say so."""
+    c = input_shape[1 if nchw else 3]
+    other_c = input_shape[3 if nchw else 1]
+    fh, fw, fc, _ = filter_shape
+    if other_c == fc:
+        this, other = ("NCHW", "NHWC") if nchw else ("NHWC", "NCHW")
+        return (
+            f". The input matches the filter if it is {other}, not {this}: "
+            f"pass data_format={other!r}"
+        )
+    if fw == 1 and fh % c == 0:
+        return (
+            ". The filter looks like PyTorch's [out_channels, 1, kh, kw]; jaxgrad takes "
+            "[filter_height, filter_width, in_channels, channel_multiplier]: "
+            "w.reshape(C, M, kh, kw).transpose(2, 3, 0, 1)"
+        )
+    return ""
 
 
 def _spatial_pair(op: str, name: str, value: Any, nchw: bool) -> tuple[int, int]:
