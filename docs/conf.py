@@ -17,6 +17,9 @@ extensions = [
     "sphinx.ext.autodoc",  # the API reference, from the docstrings
     "sphinx.ext.napoleon",  # which are Google style
     "sphinx.ext.mathjax",
+    # Copies MathJax into _static and points mathjax_path at it: the pages load no
+    # script from the network, so formulas render offline.
+    "sphinx-mathjax-offline",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -284,6 +284,7 @@ def performance_figure(data: dict):
     impls = [name for name in next(iter(cases.values())) if not name.startswith("jaxgrad")]
     colors = dict(zip(impls, [GREY, ORANGE, GREEN, RED, BLUE], strict=False))
     height = 0.8 / len(impls)
+    all_ratios: list[float] = []
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.17 * len(cases) * len(impls)))
     for k, impl in enumerate(impls):
         ys, ratios = [], []
@@ -291,8 +292,16 @@ def performance_figure(data: dict):
             if impl in timings:
                 ys.append(row + k * height)
                 ratios.append(timings[impl]["ms"] / ours(timings)["ms"])
-        ax.barh(ys, ratios, height=height, color=colors[impl], label=impl)
+        all_ratios += ratios
+        # Bars grow from 1 (jaxgrad's time): left is faster than jaxgrad, right slower.
+        widths = [r - 1 for r in ratios]
+        ax.barh(ys, widths, left=1, height=height, color=colors[impl], label=impl)
     ax.set_xscale("log")
+    # At least 0.5x to 2x, whatever the data: a ratio near 1 must look near 1.
+    ax.set_xlim(min(0.5, min(all_ratios) / 1.3), max(2.0, max(all_ratios) * 1.3))
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain if ax.get_xlim()[1] / ax.get_xlim()[0] < 20 else "")
     ax.axvline(1, color="black", lw=1)
     ax.set_yticks([row + 0.4 - height / 2 for row in range(len(cases))], list(cases), fontsize=8)
     ax.invert_yaxis()

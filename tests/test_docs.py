@@ -7,6 +7,8 @@ pages' and docstrings' examples run as doctests (pyproject.toml).
 import importlib.util
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -89,3 +91,31 @@ def test_readme_links_to_the_site_and_keeps_its_commands():
     ci = (DOCS.parent / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci in readme, ".ci/run must run exactly the README's test command"
     assert ci in (DOCS / "index.md").read_text(), "the getting-started page shows the same command"
+
+
+@pytest.mark.parametrize("page", [*PAGES, DOCS.parent / "README.md"], ids=lambda p: p.name)
+def test_link_texts_are_words_not_file_names(page):
+    # "see [Performance](performance.md)", not "see [performance.md](performance.md)".
+    texts = re.findall(r"(?<!!)\[([^\]]+)\]\([^)]+\)", page.read_text())
+    file_names = [t for t in texts if re.fullmatch(r"[\w./-]+\.(md|py|json)", t.strip("`"))]
+    assert not file_names, f"{page.name} has links named after files: {file_names}"
+
+
+def test_the_built_site_loads_no_script_from_the_network(tmp_path):
+    # Formulas must render offline: MathJax is served from the site's _static.
+    # In a subprocess: pytest turns Sphinx's own deprecation warnings into errors.
+    out = tmp_path / "html"
+    build = [sys.executable, "-m", "sphinx", "-q", "-b", "html", str(DOCS), str(out)]
+    result = subprocess.run(build, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    pages = sorted(out.glob("*.html"))
+    assert pages
+    for page in pages:
+        sources = re.findall(r"<script[^>]*\ssrc=\"([^\"]+)\"", page.read_text())
+        remote = [s for s in sources if re.match(r"(https?:)?//", s)]
+        assert not remote, f"{page.name} loads scripts from the network: {remote}"
+    math_pages = [p for p in pages if "mathjax" in p.read_text()]
+    assert math_pages, "no page loads MathJax: the check above checked nothing"
+    for page in math_pages:
+        for source in re.findall(r"src=\"([^\"]*mathjax[^\"]*)\"", page.read_text()):
+            assert (out / source).is_file(), f"{page.name} loads missing {source}"
