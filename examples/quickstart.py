@@ -10,18 +10,26 @@ import numpy as np
 import jaxgrad
 
 
-def show(title: str, value: jax.Array) -> None:
-    print(f"{title}:\n{np.asarray(value)}\n")
+def show(title: str, value: jax.Array, **inputs: jax.Array) -> None:
+    """Prints the inputs a result came from, then the result."""
+    print(f"{title}")
+    for name, array in inputs.items():
+        print(f"  {name} =\n{_indent(np.asarray(array))}")
+    print(f"  result =\n{_indent(np.asarray(value))}\n")
+
+
+def _indent(a: np.ndarray) -> str:
+    return "\n".join("    " + line for line in str(a).splitlines())
 
 
 def relu_examples() -> None:
     # DirectML ACTIVATION_RELU_GRAD: OutputGradient = (X > 0 ? dY : 0).
     x = jnp.array([[-2.0, 0.0], [3.0, 5.0]], jnp.float32)
     dy = jnp.array([[10.0, 20.0], [30.0, 40.0]], jnp.float32)
-    show("relu_grad(x, dy), DirectML's ACTIVATION_RELU_GRAD", jaxgrad.relu_grad(x, dy))
+    show("relu_grad(x, dy), DirectML's ACTIVATION_RELU_GRAD", jaxgrad.relu_grad(x, dy), x=x, dy=dy)
 
     loss = jax.jit(jax.grad(lambda x: (jaxgrad.relu(x) ** 2).sum()))
-    show("jax.jit(jax.grad(sum(relu(x)^2)))", loss(x))
+    show("jax.jit(jax.grad(sum(relu(x)^2)))", loss(x), x=x)
 
 
 def resample_examples() -> None:
@@ -31,24 +39,30 @@ def resample_examples() -> None:
     show(
         "resample(x, (1, 1, 0.5, 1.5), rounding='down')",
         jaxgrad.resample(x, scales, rounding="down"),
+        x=x,
     )
     dy = jnp.array([[[[4, 5, 6]]]], jnp.float32)
     dx = jaxgrad.resample_grad(dy, x.shape, scales, rounding="down")
-    show("resample_grad(dy=[4, 5, 6]), DirectML's RESAMPLE_GRAD1", dx)
+    show(
+        "resample_grad(dy, x.shape, scales, rounding='down'), DirectML's RESAMPLE_GRAD1", dx, dy=dy
+    )
     # The RESAMPLE_GRAD form of the same example: half_up with output offset 0.
     dx = jaxgrad.resample_grad(dy, x.shape, scales, input_pixel_offsets=0.5, output_pixel_offsets=0)
-    show("resample_grad, DirectML's RESAMPLE_GRAD form", dx)
+    show("the same with half_up and offsets (0.5, 0): DirectML's RESAMPLE_GRAD form", dx, dy=dy)
 
     # And the same gradient from jax.grad through the forward op.
     def loss(x):
         return jnp.vdot(jaxgrad.resample(x, scales, rounding="down"), dy)
 
-    show("jax.grad through resample", jax.jit(jax.grad(loss))(x))
-    # PyTorch's F.interpolate(x, size=6, mode="linear", align_corners=False):
     show(
-        "resize([0, 1, 4], (6,), mode='linear')",
-        jaxgrad.resize(jnp.array([0.0, 1.0, 4.0]), (6,), mode="linear"),
+        "jax.grad of vdot(resample(x), dy): the same gradient",
+        jax.jit(jax.grad(loss))(x),
+        x=x,
+        dy=dy,
     )
+    # PyTorch's F.interpolate(x, size=6, mode="linear", align_corners=False):
+    v = jnp.array([0.0, 1.0, 4.0])
+    show("resize(v, (6,), mode='linear')", jaxgrad.resize(v, (6,), mode="linear"), v=v)
 
 
 def depthwise_examples() -> None:
@@ -57,7 +71,12 @@ def depthwise_examples() -> None:
     f = jnp.ones((3, 3, 1, 1), jnp.float32)
     dy = jnp.ones((1, 3, 3, 1), jnp.float32)
     dx = jaxgrad.depthwise_conv2d_backprop_input((1, 5, 5, 1), f, dy, (2, 2), "SAME")
-    show("depthwise_conv2d_backprop_input, 3x3 stride 2 SAME", dx[0, :, :, 0])
+    show(
+        "depthwise_conv2d_backprop_input((1, 5, 5, 1), f, dy, 3x3 stride 2 SAME)",
+        dx[0, :, :, 0],
+        f=f[:, :, 0, 0],
+        dy=dy[0, :, :, 0],
+    )
     # And jax.grad through the forward op gives the same, plus the filter gradient.
     x = jnp.arange(25, dtype=jnp.float32).reshape(1, 5, 5, 1)
 
@@ -65,8 +84,13 @@ def depthwise_examples() -> None:
         return jaxgrad.depthwise_conv2d(x, f, (2, 2), "SAME").sum()
 
     gx, gf = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, f)
-    show("jax.grad through depthwise_conv2d, w.r.t. the input", gx[0, :, :, 0])
-    show("... and w.r.t. the filter (depthwise_conv2d_backprop_filter)", gf[:, :, 0, 0])
+    show(
+        "jax.grad of sum(depthwise_conv2d(x, f, stride 2 SAME)) w.r.t. x",
+        gx[0, :, :, 0],
+        x=x[0, :, :, 0],
+        f=f[:, :, 0, 0],
+    )
+    show("... and w.r.t. f (depthwise_conv2d_backprop_filter)", gf[:, :, 0, 0])
 
 
 def main() -> None:

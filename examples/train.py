@@ -84,7 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=args.steps, unit="step", dynamic_ncols=True)
+        # On a terminal the bar redraws in place; in a log (stderr not a terminal)
+        # each redraw is a line, so it redraws every 10 s instead of 10 times a second.
+        interactive = sys.stderr.isatty()
+        bar = tqdm(
+            total=args.steps,
+            unit="step",
+            dynamic_ncols=interactive,
+            mininterval=0.1 if interactive else 10.0,
+        )
     losses = []
     start = time.perf_counter()
     for step in range(args.steps):
@@ -92,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         params, opt, loss = step_fn(params, opt, noisy, clean)
         losses.append(float(loss))
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+            bar.update(1)  # one redraw per step at most, with the new loss
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
@@ -102,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loss {first:.4f} -> {last:.4f} in {elapsed:.1f} s ({args.steps / elapsed:.1f} steps/s)")
     noisy, clean = batch(10**6)  # a batch never trained on
     pred = jax.jit(unet.apply)(params, noisy)
-    write_pngs(args.out, losses, np.asarray(noisy), np.asarray(clean), np.asarray(pred))
+    # What predicting the noisy input itself would score: the line to get below.
+    baseline = float(np.mean((np.asarray(noisy) - np.asarray(clean)) ** 2))
+    write_pngs(args.out, losses, baseline, np.asarray(noisy), np.asarray(clean), np.asarray(pred))
     if not last <= first / 2:
         print(f"FAILED: the loss did not fall by half ({first:.4f} -> {last:.4f})")
         return 1
     return 0
 
 
-def write_pngs(out: str, losses: list[float], noisy, clean, pred) -> None:
+def write_pngs(out: str, losses: list[float], baseline: float, noisy, clean, pred) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +127,9 @@ def write_pngs(out: str, losses: list[float], noisy, clean, pred) -> None:
 
     os.makedirs(out, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.semilogy(losses, lw=1)
+    ax.semilogy(losses, lw=1, label="training loss")
+    ax.axhline(baseline, color="gray", ls="--", lw=1, label="noise: the input as prediction")
+    ax.legend(loc="upper right")
     ax.set_xlabel("step")
     ax.set_ylabel("MSE")
     ax.set_title("jaxgrad U-Net denoiser: training loss")
@@ -127,16 +139,22 @@ def write_pngs(out: str, losses: list[float], noisy, clean, pred) -> None:
     plt.close(fig)
 
     n = min(6, noisy.shape[0])
-    fig, axes = plt.subplots(3, n, figsize=(1.6 * n, 5))
+    fig, axes = plt.subplots(3, n, figsize=(1.6 * n, 5.4))
+    # The noisy inputs leave [0, 1]: shown over their own range, not clipped to it.
+    low, high = float(noisy[:n].min()), float(noisy[:n].max())
+    rows = (
+        (f"noisy input\n[{low:.1f}, {high:.1f}]", noisy, (low, high)),
+        ("target\n[0, 1]", clean, (0, 1)),
+        ("prediction\n[0, 1]", pred, (0, 1)),
+    )
     for i in range(n):
-        for row, (name, images) in enumerate(
-            (("input", noisy), ("target", clean), ("prediction", pred))
-        ):
-            axes[row, i].imshow(images[i, :, :, 0], cmap="gray", vmin=0, vmax=1)
+        for row, (name, images, (vmin, vmax)) in enumerate(rows):
+            axes[row, i].imshow(images[i, :, :, 0], cmap="gray", vmin=vmin, vmax=vmax)
             axes[row, i].set_xticks([])
             axes[row, i].set_yticks([])
             if i == 0:
                 axes[row, i].set_ylabel(name)
+    fig.suptitle("jaxgrad U-Net denoiser on images it never trained on")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "samples.png"), dpi=100)
     plt.close(fig)
