@@ -34,8 +34,8 @@ ROUNDINGS = ("half_up", "down", "up")
 
 # Cutting an axis into strided and edge runs (`_Taps.runs`): the shortest middle
 # run worth a block of its own, the most times a strided row is repeated in place
-# (8x nearest upsampling: 31.8 ms gathered, 27.7 ms repeated, float32 [8, 32, 256,
-# 256] out), and the most blocks an op is cut into.
+# (8x nearest upsampling is still faster repeated than gathered), and the most
+# blocks an op is cut into.
 _MIN_STRIDED_ROWS = 8
 _MAX_REPEAT = 8
 _MAX_BLOCKS = 27
@@ -447,9 +447,8 @@ def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
     linear gradient reads its input 16 times (4 taps per axis), so through one
     view the view was materialized as a copy of the input. ``_apply_taps``
     alternates between the views, which halves the reads of each and keeps the
-    whole op in one loop (measured on the 2x linear gradient of [8, 32, 256, 256]:
-    32.7 ms with one view, 16.0 ms with two, and 48 ms converting to float32
-    first).
+    whole op in one loop (twice as fast as one view, three times as fast as
+    converting to float32 first, on the 2x linear gradient).
     """
     if x.dtype != jnp.bfloat16:
         return (x,)
@@ -503,8 +502,7 @@ def _apply_taps(
         return total(terms, rows)
     # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
     # with one weight, its rows then repeated in place by a broadcast, which XLA
-    # fuses (the bfloat16 0.5x linear gradient of [8, 32, 128, 128]: 1.9 ms
-    # gathered, 0.8 ms so; docs/resample.md, "Performance").
+    # fuses, where a gather loads element by element.
     repeat, step = found
     length = rows // repeat
     terms = []
@@ -537,12 +535,10 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         taps.index.shape[1] == 1 and (taps.weights[taps.valid] == 1).all() for _, taps in tables
     )
     # Half types leave every block as 16-bit words. A pure gather moves words
-    # throughout, because XLA:CPU's own half-type gathers are slower (the 0.5x
-    # nearest gradient of [8, 32, 64, 64] bfloat16: 1.5-1.9 ms, 0.8 ms as words).
+    # throughout, because XLA:CPU's own half-type gathers are slower.
     # A sum is bitcast to words once rounded, because XLA moves a convert past the
     # concatenate that joins the blocks (which were then written and copied as
-    # float32) but not a bitcast (the bfloat16 2x linear gradient: 12.5-15.3 ms,
-    # 8.0-8.1 ms as words).
+    # float32) but not a bitcast.
     words = x.dtype in (jnp.bfloat16, jnp.float16)
     src = _bits.words(x) if exact and words else x
     dtype = src.dtype if exact else _checks.compute_dtype(x.dtype)
@@ -576,10 +572,8 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         # would join one loop, which reads the bit views in more than 15 ways:
         # XLA would write both views out first. One axis per loop reads them (and
         # the float32 array between the loops) in fewer ways (12 for the 2x
-        # linear gradient), so they stay views. The bfloat16 2x linear gradient
-        # of [8, 128, 128, 32]: 34-41 ms in one loop, 16-19 ms so, bitwise the
-        # same (7.8 ms with glibc's mmap threshold raised: the float32 array
-        # between the loops is 32 MiB; docs/performance.md).
+        # linear gradient), so they stay views: about twice as fast, bitwise the
+        # same.
         views = inputs
         for i, (dim, taps) in enumerate(tables):
             one_axis = functools.partial(block, views, [(dim, taps)], i == len(tables) - 1)
@@ -587,10 +581,9 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         return lax.bitcast_convert_type(views[0], x.dtype)
     # XLA:CPU does not fuse a concatenation along the minor (last) dimension, so
     # that one goes outermost: the blocks fuse into the concatenations along the
-    # other axes and are copied once, not twice (the float32 2x linear gradient:
-    # 16.0-16.4 -> 13.7-14.5 ms). Not for half types: one loop joining several
-    # blocks reads the 16-bit view of the input in more than 15 ways, so XLA
-    # writes the view out first (the bfloat16 2x linear gradient: 7.1 -> 38.7 ms).
+    # other axes and are copied once, not twice. Not for half types: one loop
+    # joining several blocks reads the 16-bit view of the input in more than 15
+    # ways, so XLA writes the view out first.
     nesting = sorted(runs, reverse=not words)
     every_axis = functools.partial(block, inputs, tables, True)
     out = _tiles.tile(every_axis, [(dim, runs[dim]) for dim in nesting])

@@ -71,29 +71,11 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
 #   read, so this writes that copy first.
 #
 # In NCHW, W is the minor axis, and XLA:CPU does not fuse a concatenation along
-# it; `_tile` joins the blocks along W last, one copy of the output. Measured
-# against the padded copy, old -> new, ms, interleaved, [8, 64, 64, 64] NCHW:
-#   float32   forward 3x3 (1.6, 2.5, 1.6, 2.2, 2.0) -> (1.5, 1.2, 2.0, 2.3, 2.1),
-#             5x5 stride 2 M=2 4.1 -> 3.7, 3x3 M=2 2.8 -> 2.3;
-#             input gradient 3x3 (1.3, 1.9, 2.1) -> (1.2, 1.3, 1.5), 3x3 M=2 4.6 -> 3.5;
-#             filter gradient 3x3 (9.2, 6.8, 8.3) -> (7.5, 5.8, 6.5), 3x3 M=2 11.2 -> 9.9,
-#             5x5 stride 2 M=2 13.9 -> 11.4
-#   bfloat16  filter gradient 3x3 (13.4, 12.5, 8.0, 14.0) -> (7.0, 8.2, 5.3, 7.2),
-#             5x5 stride 2 M=2 (9.5, 12.1) -> (11.3, 13.3): slower, kept for one rule;
-#             forward 3x3 (1.6, 1.4) -> (3.0, 2.5) and input gradient (1.8, 1.1) ->
-#             (2.7, 1.8): slower, so these keep the padded copy. Gathered, the
-#             widening of every window was merged into one float32 copy of the
-#             input; gathered as 16-bit words, they are still slower: forward
-#             (1.0, 2.3) -> (1.7, 3.2), input gradient (2.2, 2.2) -> (2.5, 2.2).
-#
-# Measured on [8, 64, 64, 64] float32 NHWC, interleaved in one run, ms, before
-# (padded, or gathered without blocks for multiplier 1) -> after:
-#   forward          3x3 1.6-2.3 -> 1.3-1.7, 5x5 stride 2 M=2 5.6 -> 1.6,
-#                    3x3 M=2 5.5-7.5 -> 2.1-3.1, 5x5 5.0 -> 2.9
-#   input gradient   3x3 1.5-2.3 -> 1.1, 3x3 M=2 5.1 -> 1.9
-#   filter gradient  5x5 stride 2 M=2 6.9 -> 5.3, 3x3 M=2 9.9 -> 8.1
-# For the strided input gradient, blocks inside interleaved phases made the loop
-# slower instead (5x5 stride 2 M=2: 2.1 padded, 6.3 gathered in blocks).
+# it; `_tile` joins the blocks along W last, one copy of the output. The NCHW
+# half-precision forward and input gradient keep the padded copy: gathered, as
+# float32 or as 16-bit words, they measured slower. So does the strided input
+# gradient: blocks inside its interleaved phases made the loop slower. (The
+# measurements behind each rule are in the commit history and the design notes.)
 @dataclasses.dataclass(frozen=True)
 class _Reader:
     """``reader(rows, cols)``: an array at those spatial positions, zero outside it."""
@@ -149,16 +131,7 @@ def _reader(
         # Half types are read in place and each window widened, instead of a
         # float32 copy of the whole input written first. bfloat16 is read as its
         # 16-bit words and widened with a shift: XLA:CPU moves a bfloat16 convert
-        # up onto the whole input, but not a float16 one. [8, 64, 64, 64], ms,
-        # float32 copy -> widened per window, interleaved:
-        #   bfloat16  filter gradient 3x3 NHWC 5.0 -> 4.0, 4.1 -> 3.2; NCHW 5.4 ->
-        #             4.1, 6.1 -> 5.2; 5x5 stride 2 M=2 6.3 -> 5.0, 8.4 -> 6.7;
-        #             NHWC forward 3x3 1.6 -> 1.4, 2.2 -> 1.9; input gradient level.
-        #   float16   NHWC 3x3 forward 2.4 -> 1.0, 1.7 -> 0.9; input gradient 2.5 ->
-        #             1.7, 1.9 -> 1.0; filter gradient 5.5 -> 4.9, 4.9 -> 2.7; NCHW
-        #             3x3 filter gradient 6.4 -> 4.6, 6.6 -> 5.2; 5x5 stride 2 M=2
-        #             forward 3.5 -> 2.3, 2.8 -> 1.5, filter gradient 5.9 -> 6.1,
-        #             7.0 -> 5.0, input gradient 2.0 -> 1.7, 1.7 -> 1.9.
+        # up onto the whole input, but not a float16 one.
         array = _bits.words(v5) if v5.dtype == jnp.bfloat16 else v5
         return _Reader(array, axes, pads, gathered=True, half=True)
     if gather:
@@ -169,9 +142,7 @@ def _reader(
     padded = lax.pad(v5, jnp.zeros((), v5.dtype), config)
     if padded.dtype != dtype:
         # Widened behind a barrier: XLA would otherwise read the windows that lie
-        # inside from a second, separately written float32 copy of ``v5`` (the
-        # NCHW bfloat16 filter gradient, when it still read a padded copy: 19-21
-        # ms with that copy, 9.8 ms without).
+        # inside from a second, separately written float32 copy of ``v5``.
         padded = lax.optimization_barrier(padded.astype(dtype))  # type: ignore[no-untyped-call]
     return _Reader(padded, axes, pads, gathered=False)
 
@@ -311,7 +282,7 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     # of taps at shifts that do not depend on the pixel, so each class is a stride-1
     # shifted sum over the gradient, and the classes interleave back into place.
     # (Spreading the gradient with interior padding instead was 66x slower for 5x5
-    # stride 2: 178.6 ms against 2.69 ms, benchmarks/depthwise.py.) Each multiplier
+    # stride 2.) Each multiplier
     # slice sums its taps, and the slices are summed with explicit adds: no
     # reduction, no scatter.
     dtype = _checks.compute_dtype(dy.dtype)
@@ -370,22 +341,16 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 
 
 # The filter gradient's reduction runs in two stages. XLA:CPU emits a reduction
-# whose input is a shifted slice as a slow scalar loop (40-60 ms for 3x3 taps on
-# [8, 64, 64, 64]), but runs elementwise fusions and reductions of whole arrays at
-# memory speed. So stage 1 adds up blocks of output rows with explicit adds, each
-# term slicing the input and the gradient itself (a product shared by many slices
-# gets materialized), and stage 2 reduces that small, whole array. Measured on
-# [8, 64, 64, 64] 3x3: 56 ms before, about 6 ms after; benchmarks/depthwise.py.
+# whose input is a shifted slice as a slow scalar loop, but runs elementwise
+# fusions and reductions of whole arrays at memory speed. So stage 1 adds up
+# blocks of output rows with explicit adds, each term slicing the input and the
+# gradient itself (a product shared by many slices gets materialized), and stage
+# 2 reduces that small, whole array: about 9x
+# faster than one reduction. 8 row blocks per element was the fastest in a sweep
+# from 4 to 64.
 _ROW_BLOCKS = 8
-# Taps per stage-1 fusion (see below). Filter gradient on [8, 64, 64, 64], ms, in
-# one interleaved run; "before" stacked all taps at once (and sliced the windows
-# out of a padded copy):
-#                           before   1 kernel row   9 taps   15 taps   all taps
-#   3x3 NHWC M=1              6.4        4.9          3.8      3.5       3.3
-#   3x3 NHWC M=2             34.1       13.8         12.1     11.2      11.2
-#   3x3 NCHW M=1             11.1       10.2          7.9      7.6       7.6
-#   5x5 NHWC M=1             37.9        9.8          9.6      7.8      10.1
-#   5x5 stride 2 NHWC M=2     6.3        5.4          5.8      9.3      10.6
+# Taps per stage-1 fusion (see below): 9 was the best compromise across 3x3, 5x5
+# and strided cases; more made the strided 5x5 gradient slower.
 _TAPS_PER_FUSION = 9
 
 
@@ -393,9 +358,7 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
     # A float16 dy stays float16 and each slice is widened where it is read, as
-    # the windows are (_reader): 3x3 on [8, 64, 64, 64], ms, interleaved, float32
-    # copy -> per slice: NHWC 3.2 -> 2.5, 3.4 -> 4.1, 4.1 -> 2.9; NCHW 6.2 -> 6.0,
-    # 5.9 -> 4.5, 6.3 -> 4.4; 5x5 stride 2 M=2 7.1 -> 6.4, 6.0 -> 4.7, 6.0 -> 4.8.
+    # the windows are (_reader), instead of a float32 copy written first.
     dy5 = _five_d(dy, conv, conv.multiplier)
     if dy5.dtype != jnp.float16:
         dy5 = dy5.astype(dtype)
@@ -427,8 +390,8 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     # feed the library reduction). Stacked after the batch axis, the taps of one
     # image are computed while that image is in cache. Stacked kernel row by kernel
     # row, because XLA:CPU fuses a concatenate of at most 8 operands, and at most
-    # _TAPS_PER_FUSION taps per stack: more made the strided 5x5 case slower (table
-    # above), and beyond 15 taps XLA:CPU copies out the gradient blocks they share.
+    # _TAPS_PER_FUSION taps per stack: more made the strided 5x5 case slower, and
+    # beyond 15 taps XLA:CPU copies out the gradient blocks they share.
     fh, fw = conv.kernel
     reduced = (0, 5, 6) if conv.nchw else (0, 3, 4)
 
