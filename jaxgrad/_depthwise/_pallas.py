@@ -107,15 +107,29 @@ def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
 
 
 def _read(
-    ref: Any, conv: Conv, launch: _Launch, n: Any, row: Any, cols: Any, chans: Any, dtype: Any
+    ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    row: Any,
+    cols: Any,
+    chans: Any,
+    dtype: Any,
+    *,
+    wanted: Any = True,
 ) -> jax.Array:
     """The ``[len(cols), len(chans)]`` tile of a 4-D array at one row, as ``dtype``,
-    zero where the row, a column or a channel lies outside the array."""
+    zero where the row, a column or a channel lies outside the array, or where
+    ``wanted`` (a scalar, or one flag per column) is false.
+
+    Unwanted lanes are masked, not moved: indices that stay an ``arange`` plus an
+    offset let Triton vectorize the load.
+    """
     h_axis, w_axis, c_axis = (2, 3, 1) if conv.nchw else (1, 2, 3)
     h, w, c = ref.shape[h_axis], ref.shape[w_axis], ref.shape[c_axis]
     inside = (
         ((row >= 0) & (row < h))
-        & ((cols >= 0) & (cols < w))[:, None]
+        & ((cols >= 0) & (cols < w) & wanted)[:, None]
         & ((chans >= 0) & (chans < c))[None, :]
     )
     index = _layout(conv)(
@@ -154,6 +168,28 @@ def _struct(shape: tuple[int, ...], dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
 
 
+def _taps(
+    f_ref: Any, launch: _Launch, count: int, lanes: list[jax.Array], dtype: Any
+) -> Callable[[int, int], jax.Array]:
+    """``tap(t, i)``: filter tap ``t`` for the output channels ``lanes[i]``.
+
+    Up to ``_TAPS_PER_PROGRAM`` taps are loaded once per program, before its row
+    loop; more would crowd the registers (a 7x7 forward held 255 of them), so
+    larger filters load each tap where it is used, from the cache.
+    """
+    if count * len(lanes) > _TAPS_PER_PROGRAM:
+        return lambda t, i: _tap_vector(f_ref, launch, t, lanes[i], dtype)
+    loaded = [[_tap_vector(f_ref, launch, t, c, dtype) for c in lanes] for t in range(count)]
+    return lambda t, i: loaded[t][i]
+
+
+def _input_channels(out_chans: jax.Array, conv: Conv) -> jax.Array:
+    """The input channel ``k`` of each output channel ``k * M + q``."""
+    if conv.multiplier == 1:
+        return out_chans  # kept an arange: the loads stay vectorizable
+    return out_chans // conv.multiplier
+
+
 def _lanes(block: Any, size: int) -> jax.Array:
     """The ``size`` consecutive indices of block ``block``."""
     lanes: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
@@ -177,11 +213,11 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
     out_chans = _lanes(pl.program_id(1), launch.channels)
     out_cols = _lanes(pl.program_id(2), launch.cols)
-    in_chans = out_chans // conv.multiplier
+    in_chans = _input_channels(out_chans, conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fh, fw = conv.kernel
-    taps = [_tap_vector(f_ref, launch, t, out_chans, dtype) for t in range(fh * fw)]
+    tap = _taps(f_ref, launch, fh * fw, [out_chans], dtype)
 
     def row(r: Any, carry: None) -> None:
         i = first + r
@@ -198,7 +234,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
                     in_chans,
                     dtype,
                 )
-                total = total + window * taps[di * fw + dj][None, :]
+                total = total + window * tap(di * fw + dj, 0)[None, :]
         _write(y_ref, conv, launch, n, i, out_cols, out_chans, total)
         return carry
 
@@ -234,15 +270,15 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.A
 def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, Any]:
     """The output index that reads ``position`` through a tap at ``offset``, and
     whether there is one: ``position + offset`` must be a non-negative multiple
-    of ``stride`` below ``size * stride``."""
+    of ``stride`` below ``size * stride``. At stride 1 the index is the shifted
+    position itself (an ``arange`` plus an offset, for vectorized loads)."""
     shifted = position + offset
+    if stride == 1:
+        return shifted, (shifted >= 0) & (shifted < size)
     start = jnp.maximum(shifted, 0)
-    index, valid = start, shifted >= 0
-    if stride > 1:
-        step = jnp.asarray(stride, start.dtype)
-        index = lax.div(start, step)
-        valid = valid & (lax.rem(start, step) == 0)
-    return index, valid & (index < size)
+    step = jnp.asarray(stride, start.dtype)
+    index = lax.div(start, step)
+    return index, (shifted >= 0) & (lax.rem(start, step) == 0) & (index < size)
 
 
 def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
@@ -255,25 +291,22 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fh, fw = conv.kernel
-    taps = [
-        [_tap_vector(f_ref, launch, t, chans * m + q, dtype) for q in range(m)]
-        for t in range(fh * fw)
-    ]
+    tap = _taps(f_ref, launch, fh * fw, [chans * m + q for q in range(m)], dtype)
 
     def row(r: Any, carry: None) -> None:
         p = first + r
         total = jnp.zeros((launch.cols, launch.channels), dtype)
         for di in range(fh):
             i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
-            # A row or column no output reads through this tap gets index -1: the
-            # read masks it.
-            i_read = jnp.where(row_reached, i, -1)
             for dj in range(fw):
+                # Rows and columns no output reads through this tap are masked.
                 j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
-                j_read = jnp.where(col_reached, j, -1)
+                reached = row_reached & col_reached
                 for q in range(m):
-                    grad = _read(dy_ref, conv, launch, n, i_read, j_read, chans * m + q, dtype)
-                    total = total + grad * taps[di * fw + dj][q][None, :]
+                    grad = _read(
+                        dy_ref, conv, launch, n, i, j, chans * m + q, dtype, wanted=reached
+                    )
+                    total = total + grad * tap(di * fw + dj, q)[None, :]
         _write(dx_ref, conv, launch, n, p, cols, chans, total)
         return carry
 
@@ -321,7 +354,7 @@ def _partials_kernel(
     program = pl.program_id(0)
     n, first = program // row_blocks, program % row_blocks * launch.rows
     out_chans = _lanes(pl.program_id(1), launch.channels)
-    in_chans = out_chans // conv.multiplier
+    in_chans = _input_channels(out_chans, conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
@@ -340,17 +373,18 @@ def _partials_kernel(
                 new = []
                 for t, total in zip(range(start, stop), sums, strict=True):
                     di, dj = divmod(t, fw)
-                    # Past the last output row or column the window reads index
-                    # -1, masked: an infinite input there must not meet dy's zero.
+                    # Past the last output row or column the window is masked: an
+                    # infinite input there must not meet dy's zero.
                     window = _read(
                         x_ref,
                         conv,
                         launch,
                         n,
-                        jnp.where(row_inside, i * sh - top + di * dh, -1),
-                        jnp.where(cols_inside, cols * sw - left + dj * dw, -1),
+                        i * sh - top + di * dh,
+                        cols * sw - left + dj * dw,
                         in_chans,
                         dtype,
+                        wanted=row_inside & cols_inside,
                     )
                     new.append(total + window * grad)
                 return tuple(new)
