@@ -1,0 +1,122 @@
+"""What the depthwise Pallas kernels compile to for an H100, measured without a GPU.
+
+    pip install triton          # optional, as PyTorch is: never a dependency
+    python benchmarks/kernel_report.py [--arch sm_90a]
+
+Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
+to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
+with the `ptxas` Triton ships. Prints, per kernel: registers per thread, bytes
+spilled, shared memory, and how many global loads are 128-bit vectors. It checks
+what a GPU run would otherwise find out late: that every kernel compiles, spills
+nothing, and reads memory in wide, coalesced loads. Times still need a GPU
+(benchmarks/gpu.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+import jaxgrad
+
+CASES = {
+    # name: (input shape, filter shape, stride, data_format, dtype)
+    "[32,112,112,96] 3x3 s1 NHWC bf16": ((32, 112, 112, 96), (3, 3, 96, 1), 1, "NHWC", "bfloat16"),
+    "[32,112,112,96] 3x3 s1 NCHW f32": ((32, 96, 112, 112), (3, 3, 96, 1), 1, "NCHW", "float32"),
+    "[32,112,112,96] 3x3 s2 NHWC f32": ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", "float32"),
+    "[32,56,56,192] 5x5 s1 NHWC f32": ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", "float32"),
+    "[32,112,112,32] 3x3 M2 NHWC bf16": ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", "bfloat16"),
+    "[8,64,64,32] 7x7 s1 NHWC f32": ((8, 64, 64, 32), (7, 7, 32, 1), 1, "NHWC", "float32"),
+}
+VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
+GLOBAL_LOAD = re.compile(r"ld\.global")
+
+
+def triton_modules(x_shape, f_shape, stride, data_format, dtype) -> list[tuple[str, str]]:
+    """(kernel name, Triton IR text) of every kernel in one gradient step, for CUDA."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+    modules = []
+
+    def recording(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        text = result.module.operation.get_asm(enable_debug_info=False)
+        modules.append((re.search(r"module @(\w+)", text)[1], text))
+        return result
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(
+            x, f, (stride, stride), "SAME", data_format=data_format, implementation="pallas"
+        )
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    x = jax.ShapeDtypeStruct(x_shape, jnp.dtype(dtype))
+    f = jax.ShapeDtypeStruct(f_shape, jnp.dtype(dtype))
+    registration.lowering.lower_jaxpr_to_triton_module = recording
+    try:
+        jax.jit(jax.grad(loss, (0, 1))).trace(x, f).lower(lowering_platforms=("cuda",))
+    finally:
+        registration.lowering.lower_jaxpr_to_triton_module = lower
+    return modules
+
+
+def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    source = folder / "kernel.ttir"
+    source.write_text(ir)
+    capability = int(re.sub(r"\D", "", arch))
+    kernel = triton.compile(
+        str(source), target=GPUTarget("cuda", capability, 32), options={"num_warps": 4}
+    )
+    ptx = kernel.asm["ptx"]
+    (folder / "kernel.ptx").write_text(ptx)
+    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    info = subprocess.run(
+        [str(ptxas), f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    return {
+        "registers": int(re.search(r"Used (\d+) registers", info)[1]),
+        "spilled": int(re.search(r"(\d+) bytes spill stores", info)[1]),
+        "shared": kernel.metadata.shared,
+        "loads": len(GLOBAL_LOAD.findall(ptx)),
+        "vector loads": len(VECTOR_LOAD.findall(ptx)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90a", help="the ptxas target (H100: sm_90a)")
+    args = parser.parse_args()
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
+    print("| case | kernel | registers | spilled bytes | shared bytes | 128-bit loads |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, config in CASES.items():
+            for name, ir in triton_modules(*config):
+                r = compile_report(ir, args.arch, pathlib.Path(tmp))
+                print(
+                    f"| {case} | {name} | {r['registers']} | {r['spilled']} | {r['shared']} "
+                    f"| {r['vector loads']} of {r['loads']} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
