@@ -145,7 +145,7 @@ def resample(
         Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(x.shape, out_shape, scales_, a, b, strict=True)
     )
-    return resample_core(x, axes, False)
+    return compiled_core(x, axes, False)  # type: ignore[no-any-return]
 
 
 def resample_grad(
@@ -225,7 +225,7 @@ def resample_grad(
         Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(in_shape, dy.shape, scales_, a, b, strict=True)
     )
-    return resample_core(dy, axes, True)
+    return compiled_core(dy, axes, True)  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------------------
@@ -610,6 +610,11 @@ def _resample_core_bwd(
 
 
 resample_core.defvjp(_resample_core_fwd, _resample_core_bwd)
+
+# What the public functions call: compiled once per static configuration, so that
+# an eager call runs one cached program instead of dispatching op by op; under an
+# outer jax.jit it is inlined like any nested jit.
+compiled_core = jax.jit(resample_core, static_argnums=(1, 2))
 
 
 # --------------------------------------------------------------------------------------

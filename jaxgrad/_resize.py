@@ -142,7 +142,7 @@ def resize(
         )
         for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
     )
-    return _resample.resample_core(x, axes, False)
+    return _resample.compiled_core(x, axes, False)  # type: ignore[no-any-return]
 
 
 def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float) -> np.ndarray:

@@ -214,36 +214,47 @@ def lowered(implementation, platform, dtype=jnp.float32):
     return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
+@pytest.fixture
+def patch(monkeypatch):
+    """``monkeypatch.setattr`` for what the choice of implementation reads, with
+    JAX's caches cleared around it: the ops' compiled cores are traced once per
+    configuration, and a traced choice would outlive the patch."""
+    jax.clear_caches()
+    yield monkeypatch.setattr
+    monkeypatch.undo()
+    jax.clear_caches()
+
+
 def test_default_is_the_portable_program_on_the_cpu():
     # No CUDA backend in the process: the default traces the portable arithmetic
     # alone, and the program is exactly the "xla" one.
     assert lowered(None, "cpu") == lowered("xla", "cpu")
 
 
-def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(monkeypatch):
-    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
+def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
     assert TRITON_CALL in lowered(None, "cuda")
     assert TRITON_CALL not in lowered(None, "cpu")
     # float64 stays on the portable arithmetic on every platform.
     assert TRITON_CALL not in lowered(None, "cuda", jnp.float64)
 
 
-def test_default_falls_back_without_pallas(monkeypatch):
-    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
-    monkeypatch.setattr(_pallas, "AVAILABLE", False)
+def test_default_falls_back_without_pallas(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_pallas, "AVAILABLE", False)
     assert TRITON_CALL not in lowered(None, "cuda")
     with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
         lowered("pallas", "cpu")
 
 
-def test_explicit_pallas_raises_on_another_backend(monkeypatch):
-    monkeypatch.setattr(_implementation, "_backend_platform", lambda: "tpu")
+def test_explicit_pallas_raises_on_another_backend(patch):
+    patch(_implementation, "_backend_platform", lambda: "tpu")
     with pytest.raises(ValueError, match=r"runs on CUDA GPUs .* not on 'tpu'"):
         lowered("pallas", "cpu")
 
 
-def test_xla_never_uses_the_kernels(monkeypatch):
-    monkeypatch.setattr(_implementation, "_has_cuda", lambda: True)
+def test_xla_never_uses_the_kernels(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
     assert TRITON_CALL not in lowered("xla", "cuda")
 
 

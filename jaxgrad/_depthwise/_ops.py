@@ -114,7 +114,7 @@ def depthwise_conv2d(
     conv = configure(
         op, x.shape, f.shape, strides, padding, data_format, dilations, explicit_paddings
     )
-    return _conv(x, f, conv, _implementation.check(op, implementation))
+    return _compiled_conv(x, f, conv, _implementation.check(op, implementation))  # type: ignore[no-any-return]
 
 
 def depthwise_conv2d_backprop_input(
@@ -203,7 +203,7 @@ def depthwise_conv2d_backprop_input(
         op, sizes, f.shape, strides, padding, data_format, dilations, explicit_paddings
     )
     check_out_backprop(op, conv, dy.shape)
-    return _backprop_input(f, dy, conv, _implementation.check(op, implementation))
+    return _compiled_backprop_input(f, dy, conv, _implementation.check(op, implementation))  # type: ignore[no-any-return]
 
 
 def depthwise_conv2d_backprop_filter(
@@ -294,7 +294,7 @@ def depthwise_conv2d_backprop_filter(
         filter_name="filter_sizes",
     )
     check_out_backprop(op, conv, dy.shape)
-    return _backprop_filter(x, dy, conv, _implementation.check(op, implementation))
+    return _compiled_backprop_filter(x, dy, conv, _implementation.check(op, implementation))  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------------------
@@ -404,3 +404,10 @@ def _backprop_filter_bwd(
 
 
 _backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)
+
+# What the public functions call: compiled once per static configuration, so that
+# an eager call runs one cached program instead of dispatching op by op; under an
+# outer jax.jit each is inlined like any nested jit.
+_compiled_conv = jax.jit(_conv, static_argnums=(2, 3))
+_compiled_backprop_input = jax.jit(_backprop_input, static_argnums=(2, 3))
+_compiled_backprop_filter = jax.jit(_backprop_filter, static_argnums=(2, 3))
