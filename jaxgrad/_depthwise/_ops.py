@@ -10,7 +10,7 @@ This module holds what the ops mean: the public functions, their argument checks
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 from jax.typing import ArrayLike
@@ -309,7 +309,15 @@ def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
     return bool(jax.numpy.dtype(dtype) != jax.numpy.float64)
 
 
-def _run(op: str, impl: str | None, conv: Conv, xla, pallas, *args: jax.Array) -> jax.Array:  # type: ignore[no-untyped-def]
+def _run(
+    op: str,
+    impl: str | None,
+    conv: Conv,
+    xla: Callable[..., jax.Array],
+    pallas: Callable[..., jax.Array],
+    *args: jax.Array,
+) -> jax.Array:
+    """``op``'s arithmetic on ``args``, from the implementation ``impl`` chooses."""
     return _implementation.run(
         op,
         impl,
