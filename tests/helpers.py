@@ -4,6 +4,11 @@ A plain module rather than conftest.py, which tests cannot import by name reliab
 docs/ has a conftest.py of its own.
 """
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import numpy as np
 
@@ -45,3 +50,15 @@ def compiled_entry(fn, *args):
     """The entry computation of ``fn``'s program as XLA compiled it for ``args``: the
     arrays it writes between its loops, not the ones inside a fused loop."""
     return jax.jit(fn).lower(*args).compile().as_text().split("ENTRY", 1)[1]
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_script(*args, timeout=600):
+    """``python *args`` from the repository's root in a fresh process, without the
+    caller's XLA_FLAGS (a script sets its own device count)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )

@@ -2,24 +2,11 @@
 computed in three new processes, must give the same bytes (a rerun of a training job
 sees exactly this). In-process repeats are tested beside each op."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from helpers import run_script
 
 
 def digests() -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [sys.executable, "tests/determinism_check.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_script("tests/determinism_check.py")
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 

@@ -1,24 +1,11 @@
 """The runnable examples: what they print. (The training example runs in
 tests/test_sharding.py, sharded and not.)"""
 
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from helpers import run_script
 
 
 def test_quickstart_prints_each_result_beside_its_inputs():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [sys.executable, "examples/quickstart.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_script("examples/quickstart.py", timeout=300)
     assert result.returncode == 0, result.stderr
     blocks = result.stdout.strip().split("\n\n")
     assert len(blocks) >= 9

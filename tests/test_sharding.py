@@ -5,21 +5,8 @@ and their Pallas kernels; and the training example runs sharded.
 JAX fixes its device count at start-up, so each check runs in a subprocess.
 """
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+from helpers import run_script
 
 
 @pytest.mark.parametrize(
@@ -32,13 +19,13 @@ def run(*args: str) -> subprocess.CompletedProcess:
 )
 def test_sharded(check, implementation):
     args = [] if implementation == "default" else [implementation]
-    result = run("tests/sharded_checks.py", check, *args)
+    result = run_script("tests/sharded_checks.py", check, *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok" in result.stdout
 
 
 def test_train_example_smoke(tmp_path):
-    result = run(
+    result = run_script(
         "examples/train.py",
         "--steps",
         "60",
@@ -60,7 +47,7 @@ def test_train_example_smoke(tmp_path):
 
 def test_train_example_fails_when_the_loss_does_not_halve(tmp_path):
     # Two steps cannot halve the loss: the script must say so and exit 1.
-    result = run(
+    result = run_script(
         "examples/train.py",
         "--steps",
         "2",
