@@ -5,10 +5,10 @@ Resampling is linear and separable: along each axis the output is a sparse matri
 incoming gradient. Both are computed the same way, in *gather form*: every row of
 the matrix (an output element for the forward, an input element for the gradient)
 lists its few non-zero columns in a fixed order, and the row's value is the
-weighted sum of the gathered entries, summed in that order. The tables are built
-once on the host from static shapes. The gradient is therefore a gather, not a
-scatter-add: no atomics, bitwise reproducible, and at memory speed on XLA:CPU,
-where a scatter-add is 20x slower.
+weighted sum of the gathered entries, summed in that order (``_sampling`` builds
+the rows on the host, one period of them where the scale repeats). The gradient
+is therefore a gather, not a scatter-add: no atomics, bitwise reproducible, and at
+memory speed on XLA:CPU, where a scatter-add is 20x slower.
 """
 
 from __future__ import annotations
@@ -27,17 +27,14 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-from jaxgrad import _bits, _checks, _tiles
+from jaxgrad import _bits, _checks, _sampling, _tiles
+from jaxgrad._sampling import Axis
 
 MODES = ("nearest", "linear")
 ROUNDINGS = ("half_up", "down", "up")
 
-# Cutting an axis into strided and edge runs (`_Taps.runs`): the shortest middle
-# run worth a block of its own, the most times a strided row is repeated in place
-# (8x nearest upsampling is still faster repeated than gathered), and the most
-# blocks an op is cut into.
-_MIN_STRIDED_ROWS = 8
-_MAX_REPEAT = 8
+# The most blocks an op is cut into (runs per axis multiplied); beyond, each axis is
+# applied whole.
 _MAX_BLOCKS = 27
 
 
@@ -142,7 +139,7 @@ def resample(
     if 0 in x.shape or 0 in out_shape:  # empty in or out: nothing to compute
         return jnp.zeros(out_shape, x.dtype)
     axes = tuple(
-        Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
+        Axis(n, m, _sampling.Affine(s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(x.shape, out_shape, scales_, a, b, strict=True)
     )
     return compiled_core(x, axes, False)  # type: ignore[no-any-return]
@@ -222,7 +219,7 @@ def resample_grad(
     if 0 in in_shape or 0 in dy.shape:  # no output reads any input
         return jnp.zeros(in_shape, dy.dtype)
     axes = tuple(
-        Axis(n, _dml_coordinates(m, s, ai, bi), mode == "linear", rounding)
+        Axis(n, m, _sampling.Affine(s, ai, bi), mode == "linear", rounding)
         for n, m, s, ai, bi in zip(in_shape, dy.shape, scales_, a, b, strict=True)
     )
     return compiled_core(dy, axes, True)  # type: ignore[no-any-return]
@@ -233,211 +230,6 @@ def resample_grad(
 # --------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Axis:
-    """How one axis is resampled: ``n_in`` inputs sampled at ``coords`` (one per output).
-
-    Hashable, so it can be a static argument; ``resample`` and ``resize`` differ only
-    in how they compute the coordinates.
-    """
-
-    n_in: int
-    coords: tuple[float, ...]
-    linear: bool
-    rounding: str
-
-    @property
-    def n_out(self) -> int:
-        return len(self.coords)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Taps:
-    """One axis's sparse matrix by rows: row ``r`` is ``sum_k weights[r, k] * v[index[r, k]]``.
-
-    Rows with fewer entries than ``K`` are padded with ``valid`` False. Entries of a
-    row are in increasing column order, which fixes the order of summation.
-    """
-
-    index: np.ndarray  # [rows, K] int32
-    weights: np.ndarray  # [rows, K] float64
-    valid: np.ndarray  # [rows, K] bool
-    n_cols: int
-
-    def rows(self, run: range) -> _Taps:
-        """The table of the rows ``run`` only."""
-        part = slice(run.start, run.stop)
-        return _Taps(self.index[part], self.weights[part], self.valid[part], self.n_cols)
-
-    def _same_as_previous(self) -> np.ndarray:
-        """Per row after the first: whether it reads exactly what the row before reads."""
-        return np.asarray(
-            (self.index[1:] == self.index[:-1]).all(axis=1)
-            & (self.weights[1:] == self.weights[:-1]).all(axis=1)
-            & (self.valid[1:] == self.valid[:-1]).all(axis=1)
-        )
-
-    def _continues(self, lag: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per row ``r >= lag``: the step of its columns from row ``r - lag``, and
-        whether it is that row shifted by one positive step, weights equal."""
-        shift = self.index[lag:] - self.index[:-lag]
-        steps = shift[:, 0]
-        continues = (
-            (shift == steps[:, None]).all(axis=1)
-            & (steps > 0)
-            & (self.weights[lag:] == self.weights[:-lag]).all(axis=1)
-            & (self.valid[lag:] == self.valid[:-lag]).all(axis=1)
-        )
-        return steps, continues
-
-    def _longest_strided_run(self, repeat: int) -> tuple[int, int, int]:
-        """The longest run of rows made of groups of ``repeat`` equal rows, each group
-        reading the group before shifted by one step: ``(first, stop, step)``."""
-        n = len(self.index)
-        same = self._same_as_previous()  # same[r - 1]: row r reads what row r - 1 reads
-        steps, continues = self._continues(repeat)  # about row r: index r - repeat
-        best = (0, 0, 1)
-        for align in range(min(repeat, n)):
-            starts = np.arange(align, n - repeat + 1, repeat)  # the groups' first rows
-            whole = same[starts[:, None] + np.arange(repeat - 1)].all(axis=1)
-            # Link k joins groups k and k + 1 when both are whole and the second
-            # reads the first's columns shifted by a step; the longest stretch of
-            # links with one step is the longest run.
-            joins = starts[1:] - repeat
-            steps_of_links = np.where(whole[:-1] & whole[1:] & continues[joins], steps[joins], 0)
-            first, stop = _longest_positive_stretch(steps_of_links)
-            if stop > first:
-                run = (int(starts[first]), int(starts[stop]) + repeat, int(steps_of_links[first]))
-            elif whole.any():  # no links: one group alone
-                row = int(starts[whole.argmax()])
-                run = (row, row + repeat, 1)
-            else:
-                continue
-            if run[1] - run[0] > best[1] - best[0]:
-                best = run
-        return best
-
-    def stride(self) -> tuple[int, int] | None:
-        """``(repeat, step)`` when all the rows come in groups of ``repeat`` equal rows,
-        each group reading the columns of the group before shifted by ``step``, with
-        the same weights. Each tap is then a strided slice with one weight, its rows
-        repeated ``repeat`` times in place. Else None."""
-        n = len(self.index)
-        for repeat in range(1, min(n, _MAX_REPEAT) + 1):
-            first, stop, step = self._longest_strided_run(repeat)
-            if (first, stop) == (0, n):
-                return repeat, step
-        return None
-
-    def runs(self) -> list[range]:
-        """The rows cut into at most three runs: the longest strided run (``stride``),
-        with the smallest repeat that gives it, and the edge rows around it. If that
-        run is short, or holds less than half of the rows, all the rows are one run."""
-        n = len(self.index)
-        longest = max(
-            (self._longest_strided_run(repeat) for repeat in range(1, min(n, _MAX_REPEAT) + 1)),
-            key=lambda run: run[1] - run[0],
-            default=(0, 0, 1),
-        )
-        first, stop, _ = longest
-        if stop - first < max(_MIN_STRIDED_ROWS, n / 2):
-            return [range(n)]
-        return [run for run in (range(first), range(first, stop), range(stop, n)) if run]
-
-    @property
-    def is_identity(self) -> bool:
-        rows = self.index.shape[0]
-        return (
-            rows == self.n_cols
-            and self.index.shape[1] == 1
-            and bool(self.valid.all())
-            and bool((self.weights == 1).all())
-            and np.array_equal(self.index[:, 0], np.arange(rows))
-        )
-
-
-def _longest_positive_stretch(values: np.ndarray) -> tuple[int, int]:
-    """``(i, j)``: the longest stretch ``values[i:j]`` of one positive value ((0, 0) if
-    there is none)."""
-    if not len(values):
-        return 0, 0
-    cuts = np.flatnonzero(np.diff(values)) + 1
-    firsts = np.concatenate([[0], cuts])
-    stops = np.concatenate([cuts, [len(values)]])
-    lengths = np.where(values[firsts] > 0, stops - firsts, 0)
-    k = int(lengths.argmax())
-    return (int(firsts[k]), int(stops[k])) if lengths[k] else (0, 0)
-
-
-def _dml_coordinates(n_out: int, scale: float, a: float, b: float) -> tuple[float, ...]:
-    """The coordinate ``u(o) = (o - b) / s - a`` for every output index, in float64."""
-    o = np.arange(n_out, dtype=np.float64)
-    return tuple(((o - b) / scale - a).tolist())
-
-
-def _round(u: np.ndarray, rounding: str) -> np.ndarray:
-    if rounding == "half_up":
-        return np.asarray(np.floor(u + 0.5))
-    if rounding == "down":
-        return np.asarray(np.floor(u))
-    return np.asarray(np.ceil(u))
-
-
-@functools.lru_cache(maxsize=256)
-def _entries(axis: Axis) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The non-zero entries ``(row=o, col=i, weight)`` of the axis's ``n_out x n_in`` matrix.
-
-    Taps that clamp onto the same input are merged (their weights add up, in
-    float64), and taps of weight exactly 0 are dropped: they contribute nothing,
-    and reading them would turn an ``inf`` there into a ``NaN``.
-    """
-    u = np.asarray(axis.coords, dtype=np.float64)
-    rows = np.arange(axis.n_out)
-    if axis.linear:
-        i0 = np.floor(u)
-        t = u - i0
-        rows = np.concatenate([rows, rows])
-        cols = np.concatenate([i0, i0 + 1])
-        weights = np.concatenate([1 - t, t])
-    else:
-        cols = _round(u, axis.rounding)
-        weights = np.ones(axis.n_out)
-    cols = np.clip(cols, 0, axis.n_in - 1).astype(np.int64)
-    keys, inverse = np.unique(rows * axis.n_in + cols, return_inverse=True)
-    merged = np.zeros(len(keys))
-    np.add.at(merged, inverse, weights)
-    keep = merged != 0
-    keys, merged = keys[keep], merged[keep]
-    return keys // axis.n_in, keys % axis.n_in, merged
-
-
-def _by_rows(
-    rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int
-) -> _Taps:
-    """Packs sparse entries, sorted by (row, col), into padded per-row tap tables."""
-    counts = np.bincount(rows, minlength=n_rows)
-    k = max(1, int(counts.max(initial=0)))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    slot = np.arange(len(rows)) - starts[rows]
-    index = np.zeros((n_rows, k), np.int32)
-    table = np.zeros((n_rows, k), np.float64)
-    valid = np.zeros((n_rows, k), bool)
-    index[rows, slot] = cols
-    table[rows, slot] = weights
-    valid[rows, slot] = True
-    return _Taps(index, table, valid, n_cols)
-
-
-@functools.lru_cache(maxsize=256)
-def _taps(axis: Axis, transpose: bool) -> _Taps:
-    """The rows of the axis's matrix (forward) or of its transpose (gradient)."""
-    rows, cols, weights = _entries(axis)
-    if not transpose:
-        return _by_rows(rows, cols, weights, axis.n_out, axis.n_in)
-    order = np.lexsort((rows, cols))  # by input, then by output: the summation order
-    return _by_rows(cols[order], rows[order], weights[order], axis.n_in, axis.n_out)
-
-
 def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
     """bfloat16 as raw 16-bit patterns, for the gathers to read (other dtypes as is).
 
@@ -445,7 +237,7 @@ def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
     per element (see ``_bits``). Two views, unsigned and signed, because XLA:CPU
     evaluates a producer at most 15 times per element of a loop fusion: the 2x
     linear gradient reads its input 16 times (4 taps per axis), so through one
-    view the view was materialized as a copy of the input. ``_apply_taps``
+    view the view was materialized as a copy of the input. ``_apply_axis``
     alternates between the views, which halves the reads of each and keeps the
     whole op in one loop (twice as fast as one view, three times as fast as
     converting to float32 first, on the 2x linear gradient).
@@ -455,31 +247,105 @@ def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
     return _bits.words(x), lax.bitcast_convert_type(x, jnp.int16)
 
 
-def _apply_taps(
+def _runs(plan: _sampling.Plan) -> list[range]:
+    """How one axis's rows are cut into blocks: the strided rows, if worth reading
+    with strided slices, and the rows on either side; else the whole axis."""
+    if plan.strided is None:
+        return [range(plan.n_rows)]
+    cuts = (range(plan.first), range(plan.first, plan.stop), range(plan.stop, plan.n_rows))
+    return [run for run in cuts if run]
+
+
+def _pattern_rows(plan: _sampling.Plan) -> tuple[jax.Array, jax.Array]:
+    """For every row of the axis: its row in ``[head; pattern; tail]`` and the offset
+    added to the columns it reads there (``k * shift`` in the ``k``-th period)."""
+    r = lax.iota(jnp.int32, plan.n_rows)
+    k, j = jnp.divmod(r - plan.first, plan.period)
+    in_head, before_tail = r < plan.first, r < plan.stop
+    tail_row = plan.head.rows + plan.period + r - plan.stop
+    row = jnp.where(in_head, r, jnp.where(before_tail, plan.head.rows + j, tail_row))
+    offset = jnp.where(~in_head & before_tail, k * plan.shift, 0)
+    return row, offset
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """One tap of every row of a run: ``index``, ``weight`` and ``valid`` hold one value
+    per row (constants, or computed in the program). ``valid`` is None where every
+    row has the tap; ``unit`` says that every weight is 1."""
+
+    index: Any
+    weight: Any
+    valid: Any
+    unit: bool
+
+
+def _slots(plan: _sampling.Plan, run: range, dtype: Any) -> list[_Slot]:
+    """The taps of the rows ``run``, in summation order.
+
+    Listed rows (the head, the tail, or a whole axis without a pattern) are
+    constants. A whole axis with a pattern computes its columns from the pattern,
+    so that the program's size does not grow with the axis.
+    """
+    if run == range(plan.n_rows) and plan.period:
+        index, weights, valid = (
+            np.concatenate(parts)
+            for parts in zip(*((t.index, t.weights, t.valid) for t in plan.tables()), strict=True)
+        )
+        row, offset = _pattern_rows(plan)
+
+        def per_row(values: np.ndarray) -> jax.Array:
+            return jnp.asarray(values)[row]
+
+        return [
+            _Slot(
+                per_row(index[:, j]) + offset,
+                per_row(weights[:, j].astype(dtype)),
+                None if valid[:, j].all() else per_row(valid[:, j]),
+                bool((weights[:, j] == 1).all()),
+            )
+            for j in range(plan.width)
+        ]
+    table = plan.head if run.start == 0 else plan.tail
+    return [
+        _Slot(
+            table.index[:, j],
+            table.weights[:, j],
+            None if table.valid[:, j].all() else table.valid[:, j],
+            bool((table.weights[:, j] == 1).all()),
+        )
+        for j in range(plan.width)
+    ]
+
+
+def _apply_axis(
     views: tuple[jax.Array, ...],
     dim: int,
-    taps: _Taps,
+    plan: _sampling.Plan,
+    run: range,
     dtype: Any,
     *,
     bfloat16_bits: bool = False,
 ) -> jax.Array:
-    """Applies one axis's tap tables along ``dim``: a weighted sum of a few gathers,
-    or of strided slices (``_Taps.stride``).
+    """The rows ``run`` of one axis's plan, along ``dim``: a weighted sum of a few
+    gathers, or of strided slices (``Plan.strided``).
 
     ``views`` are equal views of one array (see ``_bit_views``); the reads take
     them in turn. Every sum runs over the taps in table order, so it is the same
     on every run. ``bfloat16_bits``: the views hold bfloat16 bit patterns to widen.
     """
-    rows, k = taps.index.shape
     reads = itertools.cycle(views)
 
-    def term(read: jax.Array, weight: np.ndarray) -> jax.Array:
+    def along(values: Any, dtype: Any) -> jax.Array:
+        """One value per row (or one for all), shaped to broadcast along ``dim``."""
+        array = jnp.asarray(values, dtype)
+        shape = [1] * views[0].ndim
+        shape[dim] = array.size
+        return array.reshape(shape)
+
+    def term(read: jax.Array, weight: Any, unit: bool) -> jax.Array:
         read = _bits.widen(read) if bfloat16_bits else read.astype(dtype)
-        if (weight == 1).all():
-            return read
-        shape = [1] * read.ndim
-        shape[dim] = weight.size
-        return read * jnp.asarray(weight, dtype).reshape(shape)
+        return read if unit else read * along(weight, dtype)
 
     def total(terms: list[jax.Array], length: int) -> jax.Array:
         if not terms:  # only padding: no tap reaches these rows
@@ -488,52 +354,49 @@ def _apply_taps(
             return jnp.zeros(shape, dtype)
         return functools.reduce(operator.add, terms)
 
-    found = taps.stride()
-    if found is None:
+    if plan.strided is not None and run == range(plan.first, plan.stop):
+        # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
+        # with one weight, its rows then repeated in place by a broadcast, which
+        # XLA fuses, where a gather loads element by element.
+        repeat, step = plan.strided
+        length = len(run) // repeat
+        pattern = plan.pattern
         terms = []
-        for j in range(k):
-            read = jnp.take(next(reads), taps.index[:, j], axis=dim, mode="clip")
-            terms.append(term(read, taps.weights[:, j]))
-            if not taps.valid[:, j].all():
-                shape = [1] * read.ndim
-                shape[dim] = rows
-                valid = taps.valid[:, j].reshape(shape)
-                terms[-1] = jnp.where(valid, terms[-1], jnp.zeros((), dtype))
-        return total(terms, rows)
-    # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
-    # with one weight, its rows then repeated in place by a broadcast, which XLA
-    # fuses, where a gather loads element by element.
-    repeat, step = found
-    length = rows // repeat
+        for j in range(plan.width):
+            if pattern.valid[0, j]:
+                first = int(pattern.index[0, j])
+                last = first + step * (length - 1) + 1
+                read = lax.slice_in_dim(next(reads), first, last, step, dim)
+                weight = pattern.weights[0, j : j + 1]
+                terms.append(term(read, weight, bool(weight[0] == 1)))
+        out = total(terms, length)
+        if repeat == 1:
+            return out
+        expanded = list(out.shape)
+        expanded.insert(dim + 1, repeat)
+        shape = list(out.shape)
+        shape[dim] = len(run)
+        return jnp.broadcast_to(jnp.expand_dims(out, dim + 1), expanded).reshape(shape)
     terms = []
-    for j in range(k):
-        if taps.valid[0, j]:
-            first = int(taps.index[0, j])
-            read = lax.slice_in_dim(next(reads), first, first + step * (length - 1) + 1, step, dim)
-            terms.append(term(read, taps.weights[0, j : j + 1]))
-    out = total(terms, length)
-    if repeat == 1:
-        return out
-    expanded = list(out.shape)
-    expanded.insert(dim + 1, repeat)
-    shape = list(out.shape)
-    shape[dim] = rows
-    return jnp.broadcast_to(jnp.expand_dims(out, dim + 1), expanded).reshape(shape)
+    for slot in _slots(plan, run, dtype):
+        read = jnp.take(next(reads), slot.index, axis=dim, mode="clip")
+        terms.append(term(read, slot.weight, slot.unit))
+        if slot.valid is not None:
+            terms[-1] = jnp.where(along(slot.valid, bool), terms[-1], jnp.zeros((), dtype))
+    return total(terms, len(run))
 
 
 def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     """The separable map (or its transpose), one non-identity axis at a time."""
-    tables = [(dim, _taps(axis, transpose)) for dim, axis in enumerate(axes)]
-    tables = [(dim, taps) for dim, taps in tables if not taps.is_identity]
+    plans = [(dim, _sampling.plan(axis, transpose)) for dim, axis in enumerate(axes)]
+    plans = [(dim, plan) for dim, plan in plans if not plan.is_identity]
     # Shrinking axes first keeps the intermediate arrays small.
-    tables.sort(key=lambda item: item[1].index.shape[0] / x.shape[item[0]])
+    plans.sort(key=lambda item: item[1].n_rows / x.shape[item[0]])
     # A pure gather (nearest forward, and a nearest gradient in which no two
     # outputs read the same input) copies or zeroes each element: exact in any
     # dtype, integers included. Anything that adds runs in float32 for half types
     # and is rounded once, inside each block's loop.
-    exact = all(
-        taps.index.shape[1] == 1 and (taps.weights[taps.valid] == 1).all() for _, taps in tables
-    )
+    exact = all(plan.is_exact for _, plan in plans)
     # Half types leave every block as 16-bit words. A pure gather moves words
     # throughout, because XLA:CPU's own half-type gathers are slower.
     # A sum is bitcast to words once rounded, because XLA moves a convert past the
@@ -547,25 +410,26 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
 
     def block(
         views: tuple[jax.Array, ...],
-        applied: list[tuple[int, _Taps]],
+        applied: list[tuple[int, _sampling.Plan]],
         final: bool,
         runs: dict[int, range],
     ) -> jax.Array:
-        """The ``applied`` tables on ``views``, for the output rows ``runs``; rounded
+        """The ``applied`` plans on ``views``, for the output rows ``runs``; rounded
         to the output dtype if ``final``."""
-        for dim, taps in applied:
+        for dim, plan in applied:
             # Only taps that read the input read bits; they widen to float32.
             reads_input = views is inputs
-            part = taps.rows(runs[dim])
-            views = (_apply_taps(views, dim, part, dtype, bfloat16_bits=bits and reads_input),)
+            views = (
+                _apply_axis(views, dim, plan, runs[dim], dtype, bfloat16_bits=bits and reads_input),
+            )
         if final and words and not exact:
             return _bits.words(views[0].astype(x.dtype))
         return views[0]
 
-    runs = {dim: taps.runs() for dim, taps in tables}
+    runs = {dim: _runs(plan) for dim, plan in plans}
     blocks = math.prod(len(r) for r in runs.values())
     if blocks > _MAX_BLOCKS:
-        runs = {dim: [range(len(taps.index))] for dim, taps in tables}
+        runs = {dim: [range(plan.n_rows)] for dim, plan in plans}
         blocks = 1
     if bits and blocks > 1 and len(runs.get(x.ndim - 1, ())) <= 1:
         # Nothing is cut along the minor dimension (NHWC, say), so every block
@@ -575,8 +439,8 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
         # linear gradient), so they stay views: about twice as fast, bitwise the
         # same.
         views = inputs
-        for i, (dim, taps) in enumerate(tables):
-            one_axis = functools.partial(block, views, [(dim, taps)], i == len(tables) - 1)
+        for i, (dim, plan) in enumerate(plans):
+            one_axis = functools.partial(block, views, [(dim, plan)], i == len(plans) - 1)
             views = (_tiles.tile(one_axis, [(dim, runs[dim])]),)
         return lax.bitcast_convert_type(views[0], x.dtype)
     # XLA:CPU does not fuse a concatenation along the minor (last) dimension, so
@@ -585,7 +449,7 @@ def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
     # joining several blocks reads the 16-bit view of the input in more than 15
     # ways, so XLA writes the view out first.
     nesting = sorted(runs, reverse=not words)
-    every_axis = functools.partial(block, inputs, tables, True)
+    every_axis = functools.partial(block, inputs, plans, True)
     out = _tiles.tile(every_axis, [(dim, runs[dim]) for dim in nesting])
     return lax.bitcast_convert_type(out, x.dtype) if words else out.astype(x.dtype)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _resample
+from jaxgrad import _checks, _resample, _sampling
 
 COORDINATE_TRANSFORMATION_MODES = (
     "half_pixel",
@@ -134,27 +135,47 @@ def resize(
     if mode == "linear":
         shift = 0.0
     axes = tuple(
-        _resample.Axis(
-            n_in,
-            tuple((_onnx_coordinates(ctm, n_in, n_out, s) - shift).tolist()),
-            mode == "linear",
-            rounding,
+        _sampling.Axis(
+            n_in, n_out, _Coordinates(ctm, n_in, n_out, s, shift), mode == "linear", rounding
         )
         for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
     )
     return _resample.compiled_core(x, axes, False)  # type: ignore[no-any-return]
 
 
-def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float) -> np.ndarray:
-    """Input coordinate of every output index, in ONNX's reference expression order."""
-    o = np.arange(n_out, dtype=np.float64)
+@dataclasses.dataclass(frozen=True)
+class _Coordinates:
+    """ONNX's input coordinate of each output, less ``shift`` (which turns
+    round_prefer_floor into a rounding up)."""
+
+    mode: str  # coordinate_transformation_mode
+    n_in: int
+    n_out: int
+    scale: float
+    shift: float
+
+    def at(self, o: np.ndarray) -> np.ndarray:
+        return _onnx_coordinates(self.mode, self.n_in, self.n_out, self.scale, o) - self.shift
+
+    @property
+    def period(self) -> tuple[int, int] | None:
+        length = self.scale * self.n_in  # L, the unrounded output length
+        if self.mode in ("pytorch_half_pixel", "align_corners") and length == 1:
+            return None  # one coordinate for every output
+        if self.mode == "align_corners":
+            return _sampling.period_of((length - 1) / (self.n_in - 1)) if self.n_in > 1 else None
+        return _sampling.period_of(self.scale)
+
+
+def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float, o: np.ndarray) -> np.ndarray:
+    """Input coordinate of the outputs ``o``, in ONNX's reference expression order."""
     length = scale * n_in  # L, the unrounded output length
     if ctm == "half_pixel":
         return (o + 0.5) / scale - 0.5
     if ctm == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if length != 1 else np.zeros(n_out)
+        return (o + 0.5) / scale - 0.5 if length != 1 else np.zeros(o.shape)
     if ctm == "align_corners":
-        return o * (n_in - 1) / (length - 1) if length != 1 else np.zeros(n_out)
+        return o * (n_in - 1) / (length - 1) if length != 1 else np.zeros(o.shape)
     if ctm == "asymmetric":
         return o / scale
     if ctm == "tf_half_pixel_for_nn":

@@ -413,6 +413,12 @@ def test_identity_axes_cost_nothing():
     np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1, 1, 1), mode="linear"), x)
 
 
+def dml_axis(n_in, n_out, scale, a=0.5, b=-0.5, mode="nearest", rounding="half_up"):
+    from jaxgrad import _sampling
+
+    return _sampling.Axis(n_in, n_out, _sampling.Affine(scale, a, b), mode == "linear", rounding)
+
+
 @pytest.mark.parametrize(
     ("mode", "scale", "transpose", "expected"),
     [
@@ -423,50 +429,39 @@ def test_identity_axes_cost_nothing():
         ("nearest", 8.0, False, (8, 1)),
         ("linear", 0.5, True, (2, 1)),  # half of each output to both inputs it averaged
         ("linear", 2.0, False, None),  # alternating weights: gathered
+        ("nearest", 16.0, False, None),  # 16 equal rows: gathered
     ],
 )
 def test_the_middle_run_is_strided_and_repeated(mode, scale, transpose, expected):
-    # (repeat, step) of the longest run: each group of `repeat` equal rows reads the
-    # group before shifted by `step`, so every tap is one strided slice, broadcast.
-    from jaxgrad import _resample
+    # (repeat, step): each group of `repeat` equal rows reads the group before
+    # shifted by `step`, so every tap is one strided slice, broadcast.
+    from jaxgrad import _sampling
 
-    coords = _resample._dml_coordinates(int(32 * scale), scale, 0.5, -0.5)
-    taps = _resample._taps(_resample.Axis(32, coords, mode == "linear", "half_up"), transpose)
-    assert taps.rows(max(taps.runs(), key=len)).stride() == expected
+    axis = dml_axis(32, int(32 * scale), scale, mode=mode)
+    assert _sampling.plan(axis, transpose).strided == expected
 
 
 def test_a_short_strided_stretch_is_not_cut_out():
-    # At scale 0.93 nearest neighbour skips an input now and then: the longest
-    # strided stretch is 14 of 119 rows. Cutting it out would leave most rows in
-    # gathered edge blocks and cost a concatenation (7.2 ms against 2.2 ms on
-    # [8, 32, 128, 128]), so the axis stays one gathered run.
-    from jaxgrad import _resample
+    # At scale 0.93 nearest neighbour skips an input now and then: the rows repeat
+    # every 93, with some strided stretches of 14 rows. Cutting one out would leave
+    # most rows in gathered edge blocks and cost a concatenation (7.2 ms against
+    # 2.2 ms on [8, 32, 128, 128]), so the axis stays one gathered run.
+    from jaxgrad import _resample, _sampling
 
-    coords = _resample._dml_coordinates(119, 0.93, 0.5, -0.5)
-    taps = _resample._taps(_resample.Axis(128, coords, False, "half_up"), False)
-    first, stop, _ = taps._longest_strided_run(1)
-    assert _resample._MIN_STRIDED_ROWS <= stop - first < 119 / 2
-    assert taps.runs() == [range(119)]
-
-
-def test_longest_positive_stretch():
-    from jaxgrad._resample import _longest_positive_stretch as stretch
-
-    assert stretch(np.array([0, 2, 2, 1, 1, 1, 0, 3])) == (3, 6)  # one value, not just > 0
-    assert stretch(np.array([5])) == (0, 1)
-    assert stretch(np.array([0, 0])) == (0, 0)
-    assert stretch(np.array([], int)) == (0, 0)
+    for n_in in (128, 1024):
+        plan = _sampling.plan(dml_axis(n_in, int(n_in * 0.93), 0.93), False)
+        assert plan.strided is None
+        assert _resample._runs(plan) == [range(plan.n_rows)]
 
 
 def test_repeated_rows_off_the_first_row():
     # Sampling at o / 2 with half-up rounding reads inputs 0, 1, 1, 2, 2, ...: the
     # pairs of equal rows start at row 1, and the edge rows around them are gathered.
-    from jaxgrad import _resample
+    from jaxgrad import _resample, _sampling
 
-    coords = _resample._dml_coordinates(60, 2.0, 0.0, 0.0)
-    taps = _resample._taps(_resample.Axis(30, coords, False, "half_up"), False)
-    assert taps.runs() == [range(1), range(1, 59), range(59, 60)]
-    assert taps.rows(range(1, 59)).stride() == (2, 1)
+    plan = _sampling.plan(dml_axis(30, 60, 2.0, a=0.0, b=0.0), False)
+    assert _resample._runs(plan) == [range(1), range(1, 59), range(59, 60)]
+    assert plan.strided == (2, 1)
     x = np.random.default_rng(0).normal(size=(3, 30))
     y = jaxgrad.resample(x, (1, 2), input_pixel_offsets=0, output_pixel_offsets=0)
     args = ((1, 2), (0, 0), (0, 0), "nearest", "half_up")
@@ -478,7 +473,7 @@ def test_repeated_rows_off_the_first_row():
 def test_strided_blocks_match_the_reference(mode, scale):
     # Long axes are cut into edge blocks (gathered) and a middle block whose rows
     # are strided copies of each other (sliced); the pieces must fit back exactly.
-    from jaxgrad import _resample
+    from jaxgrad import _sampling
 
     rng = np.random.default_rng(3)
     in_shape = (2, 30, 36)
@@ -491,15 +486,13 @@ def test_strided_blocks_match_the_reference(mode, scale):
     args = (scales, a, b, mode, "half_up")
     np.testing.assert_allclose(y, reference_resample(x, out_shape, *args), atol=1e-12)
     np.testing.assert_allclose(dx, reference_resample_grad(dy, in_shape, *args), atol=1e-12)
-    # The case really takes the sliced path: some run of some table is strided.
+    # The case really takes the sliced path: some plan is strided.
     axes = [
-        _resample.Axis(n, _resample._dml_coordinates(m, s, ai, bi), mode == "linear", "half_up")
-        for n, m, s, ai, bi in zip(
-            in_shape[1:], out_shape[1:], scales[1:], a[1:], b[1:], strict=True
-        )
+        dml_axis(n, m, s, mode=mode)
+        for n, m, s in zip(in_shape[1:], out_shape[1:], [scale] * 2, strict=True)
     ]
-    tables = [_resample._taps(axis, transpose) for axis in axes for transpose in (False, True)]
-    assert any(t.rows(run).stride() is not None for t in tables for run in t.runs())
+    plans = [_sampling.plan(axis, transpose) for axis in axes for transpose in (False, True)]
+    assert any(plan.strided is not None for plan in plans)
 
 
 def test_zero_weight_taps_are_not_read():

@@ -1,0 +1,152 @@
+"""The host-side tables of resample: one period of rows and the edges, expanded back
+into every row, against the rows listed one by one; sizes that do not grow with the
+axis; the byte-bounded cache."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxgrad
+from jaxgrad import _resize, _sampling
+
+
+def expanded(plan):
+    """Every row of a plan, listed: the head, the pattern repeated with its columns
+    shifted, the tail."""
+    pieces = [plan.head]
+    for k in range((plan.stop - plan.first) // max(plan.period, 1)):
+        p = plan.pattern
+        pieces.append(_sampling.Table(p.index + k * plan.shift * p.valid, p.weights, p.valid))
+    pieces.append(plan.tail)
+    return [
+        np.concatenate([getattr(t, name) for t in pieces]) for name in ("index", "weights", "valid")
+    ]
+
+
+def listed(axis, transpose):
+    rows = _sampling._input_rows if transpose else _sampling._output_rows
+    table = rows(axis, 0, axis.n_in if transpose else axis.n_out)
+    return table.index * table.valid, table.weights, table.valid
+
+
+def assert_same_rows(plan, axis, transpose):
+    index, weights, valid = expanded(plan)
+    want_index, want_weights, want_valid = listed(axis, transpose)
+    width = plan.width
+    assert want_index.shape[1] == width  # the same summation slots
+    np.testing.assert_array_equal(valid, want_valid)
+    np.testing.assert_array_equal(index * valid, want_index)
+    np.testing.assert_array_equal(weights, want_weights)
+
+
+RATIOS = [(2, 1), (1, 2), (3, 1), (1, 3), (3, 2), (2, 3), (4, 3), (7, 5), (5, 8), (8, 1), (1, 8)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_in=st.integers(1, 90),
+    ratio=st.sampled_from(RATIOS),
+    a=st.sampled_from([0.5, 0.0, 0.25, -2.0, 3.5]),
+    b=st.sampled_from([-0.5, 0.0, 0.5, 1.25]),
+    mode=st.sampled_from(["nearest", "linear"]),
+    rounding=st.sampled_from(["half_up", "down", "up"]),
+    transpose=st.booleans(),
+)
+def test_a_plan_lists_the_same_rows_as_the_matrix(n_in, ratio, a, b, mode, rounding, transpose):
+    p, q = ratio
+    scale = p / q
+    n_out = max(1, math.floor(n_in * scale))
+    axis = _sampling.Axis(n_in, n_out, _sampling.Affine(scale, a, b), mode == "linear", rounding)
+    plan = _sampling._make_plan(axis, transpose)
+    assert_same_rows(plan, axis, transpose)
+
+
+@pytest.mark.parametrize("ctm", _resize.COORDINATE_TRANSFORMATION_MODES)
+@pytest.mark.parametrize(("n_in", "n_out"), [(64, 128), (1000, 1370), (610, 300), (300, 610)])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_resize_plans_list_the_same_rows(ctm, n_in, n_out, transpose):
+    coordinates = _resize._Coordinates(ctm, n_in, n_out, n_out / n_in, 0.0)
+    axis = _sampling.Axis(n_in, n_out, coordinates, True, "half_up")
+    plan = _sampling._make_plan(axis, transpose)
+    if ctm != "align_corners":  # (n_out - 1) / (n_in - 1): periods too long for these
+        assert plan.period
+    assert_same_rows(plan, axis, transpose)
+
+
+def test_coordinates_repeat_exactly_and_start_as_written():
+    # u(kP + j) = u(j) + kQ, the first period as (o - b) / s - a in float64.
+    axis = _sampling.Axis(1000, 1370, _sampling.Affine(1.37, 0.5, -0.5), True, "half_up")
+    o = np.arange(1370)
+    base, rest = _sampling._split_coordinates(axis, o)
+    np.testing.assert_array_equal(rest[:137], (o[:137] + 0.5) / 1.37 - 0.5)
+    np.testing.assert_array_equal(rest, np.tile(rest[:137], 10))
+    np.testing.assert_array_equal(base, np.repeat(np.arange(10) * 100, 137))
+
+
+@pytest.mark.parametrize(
+    ("ratio", "expected"),
+    [
+        (2.0, (2, 1)),
+        (0.5, (1, 2)),
+        (1.37, (137, 100)),
+        (1 / 3, (1, 3)),
+        (1000.0, (1000, 1)),
+        (math.pi, None),
+        (5000.0, None),
+        (1e-9, None),
+        (1 / 4097, None),
+    ],
+)
+def test_period_of(ratio, expected):
+    assert _sampling.period_of(ratio) == expected
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_tables_do_not_grow_with_the_axis(transpose):
+    sizes = []
+    for n_in in (1000, 100_000, 10_000_000):
+        axis = _sampling.Axis(
+            n_in, math.floor(n_in * 1.37), _sampling.Affine(1.37, 0.5, -0.5), True, "half_up"
+        )
+        sizes.append(_sampling._make_plan(axis, transpose).nbytes)
+    assert sizes[0] == sizes[1] == sizes[2] < 8192
+
+
+def test_an_axis_without_a_pattern_lists_every_row():
+    axis = _sampling.Axis(50, 157, _sampling.Affine(math.pi, 0.5, -0.5), True, "half_up")
+    plan = _sampling._make_plan(axis, False)
+    assert plan.period == 0 and plan.head.rows == 157
+    assert_same_rows(plan, axis, False)
+
+
+def test_the_program_does_not_grow_with_the_axis():
+    def text_bytes(n):
+        spec = jax.ShapeDtypeStruct((1, n), jnp.float32)
+        forward = jax.jit(lambda x: jaxgrad.resample(x, (1, 1.37), mode="linear")).lower(spec)
+        m = math.floor(n * 1.37)
+        grad = jax.jit(
+            lambda dy: jaxgrad.resample_grad(dy, (1, n), (1, 1.37), mode="linear")
+        ).lower(jax.ShapeDtypeStruct((1, m), jnp.float32))
+        return len(forward.as_text()), len(grad.as_text())
+
+    small, large = text_bytes(4096), text_bytes(4 * 2**20)
+    assert large[0] < 1.05 * small[0] and large[1] < 1.05 * small[1]
+    assert max(large) < 100_000
+
+
+def test_the_cache_is_bounded_by_bytes():
+    cache = _sampling._BytesCache(budget=200_000)
+    axes = [
+        _sampling.Axis(n, 3 * n, _sampling.Affine(math.pi, 0.5, -0.5), True, "half_up")
+        for n in range(1000, 1010)
+    ]
+    for axis in axes:
+        cache.get(axis, False)  # about 78 KiB each: no pattern, one row per output
+        assert 0 < cache._bytes <= 200_000
+    assert len(cache._plans) == 2
+    assert cache.get(axes[-1], False) is cache.get(axes[-1], False)
