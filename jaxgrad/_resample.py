@@ -36,6 +36,10 @@ ROUNDINGS = ("half_up", "down", "up")
 # The most blocks an op is cut into (runs per axis multiplied); beyond, each axis is
 # applied whole.
 _MAX_BLOCKS = 27
+# Axes up to this many rows are gathered with constant index tables (at most a
+# few hundred KiB of program); XLA:CPU runs those up to 5x faster than a gather
+# whose indices the program computes. Longer axes compute them from the pattern.
+_LISTED_ROWS = 4096
 
 
 # --------------------------------------------------------------------------------------
@@ -283,36 +287,46 @@ class _Slot:
 def _slots(plan: _sampling.Plan, run: range, dtype: Any) -> list[_Slot]:
     """The taps of the rows ``run``, in summation order.
 
-    Listed rows (the head, the tail, or a whole axis without a pattern) are
-    constants. A whole axis with a pattern computes its columns from the pattern,
-    so that the program's size does not grow with the axis.
+    Listed rows (the head, the tail, an axis up to ``_LISTED_ROWS`` long, or one
+    without a pattern) are constants. A longer axis with a pattern computes its
+    columns from the pattern, so that the program does not grow with the axis.
     """
-    if run == range(plan.n_rows) and plan.period:
-        index, weights, valid = (
-            np.concatenate(parts)
-            for parts in zip(*((t.index, t.weights, t.valid) for t in plan.tables()), strict=True)
-        )
-        row, offset = _pattern_rows(plan)
-
-        def per_row(values: np.ndarray) -> jax.Array:
-            return jnp.asarray(values)[row]
-
-        return [
-            _Slot(
-                per_row(index[:, j]) + offset,
-                per_row(weights[:, j].astype(dtype)),
-                None if valid[:, j].all() else per_row(valid[:, j]),
-                bool((weights[:, j] == 1).all()),
-            )
-            for j in range(plan.width)
-        ]
-    table = plan.head if run.start == 0 else plan.tail
+    if run.start > 0:
+        table = plan.tail
+    elif len(run) == plan.n_rows and plan.n_rows > _LISTED_ROWS and plan.period:
+        return _computed_slots(plan, dtype)
+    elif len(run) == plan.n_rows:
+        table = plan.listed()
+    else:
+        table = plan.head
     return [
         _Slot(
             table.index[:, j],
             table.weights[:, j],
             None if table.valid[:, j].all() else table.valid[:, j],
             bool((table.weights[:, j] == 1).all()),
+        )
+        for j in range(plan.width)
+    ]
+
+
+def _computed_slots(plan: _sampling.Plan, dtype: Any) -> list[_Slot]:
+    """The taps of every row, computed in the program from the plan's tables."""
+    index, weights, valid = (
+        np.concatenate(parts)
+        for parts in zip(*((t.index, t.weights, t.valid) for t in plan.tables()), strict=True)
+    )
+    row, offset = _pattern_rows(plan)
+
+    def per_row(values: np.ndarray) -> jax.Array:
+        return jnp.asarray(values)[row]
+
+    return [
+        _Slot(
+            per_row(index[:, j]) + offset,
+            per_row(weights[:, j].astype(dtype)),
+            None if valid[:, j].all() else per_row(valid[:, j]),
+            bool((weights[:, j] == 1).all()),
         )
         for j in range(plan.width)
     ]

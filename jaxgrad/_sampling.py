@@ -303,6 +303,20 @@ class Plan:
     def width(self) -> int:
         return self.head.width
 
+    def listed(self) -> Table:
+        """Every row, listed: the head, the pattern repeated, the tail."""
+        periods = (self.stop - self.first) // self.period if self.period else 0
+        k = np.repeat(np.arange(periods), self.period)[:, None]
+        p = self.pattern
+        repeated = [
+            p.index[np.arange(periods * self.period) % max(self.period, 1)] + k * self.shift
+        ]
+        index = np.concatenate([self.head.index, *repeated, self.tail.index])
+        tiled = [np.tile(a, (periods, 1)) for a in (p.weights, p.valid)]
+        weights = np.concatenate([self.head.weights, tiled[0], self.tail.weights])
+        valid = np.concatenate([self.head.valid, tiled[1], self.tail.valid])
+        return Table((index * valid).astype(np.int32), weights, valid)
+
     @property
     def is_identity(self) -> bool:
         """Every row ``r`` is column ``r`` with weight 1."""
