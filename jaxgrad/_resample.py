@@ -18,7 +18,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -40,6 +40,10 @@ _MAX_BLOCKS = 27
 # few hundred KiB of program); XLA:CPU runs those up to 5x faster than a gather
 # whose indices the program computes. Longer axes compute them from the pattern.
 _LISTED_ROWS = 4096
+# Rows with more taps than this (the gradient of a large upsampling: each input
+# sums every output it fed) are summed in a loop over the taps, so that the
+# program does not grow with the scale.
+_MAX_UNROLLED_TAPS = 16
 
 
 # --------------------------------------------------------------------------------------
@@ -254,7 +258,7 @@ def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
 def _runs(plan: _sampling.Plan) -> list[range]:
     """How one axis's rows are cut into blocks: the strided rows, if worth reading
     with strided slices, and the rows on either side; else the whole axis."""
-    if plan.strided is None:
+    if plan.strided is None or plan.width > _MAX_UNROLLED_TAPS:
         return [range(plan.n_rows)]
     cuts = (range(plan.first), range(plan.first, plan.stop), range(plan.stop, plan.n_rows))
     return [run for run in cuts if run]
@@ -310,12 +314,18 @@ def _slots(plan: _sampling.Plan, run: range, dtype: Any) -> list[_Slot]:
     ]
 
 
-def _computed_slots(plan: _sampling.Plan, dtype: Any) -> list[_Slot]:
-    """The taps of every row, computed in the program from the plan's tables."""
+def _compact(plan: _sampling.Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The index, weight and valid tables ``[head; pattern; tail]``."""
     index, weights, valid = (
         np.concatenate(parts)
         for parts in zip(*((t.index, t.weights, t.valid) for t in plan.tables()), strict=True)
     )
+    return index, weights, valid
+
+
+def _computed_slots(plan: _sampling.Plan, dtype: Any) -> list[_Slot]:
+    """The taps of every row, computed in the program from the plan's tables."""
+    index, weights, valid = _compact(plan)
     row, offset = _pattern_rows(plan)
 
     def per_row(values: np.ndarray) -> jax.Array:
@@ -368,6 +378,8 @@ def _apply_axis(
             return jnp.zeros(shape, dtype)
         return functools.reduce(operator.add, terms)
 
+    if plan.width > _MAX_UNROLLED_TAPS:
+        return _looped_axis(views[0], dim, plan, dtype, along, bfloat16_bits=bfloat16_bits)
     if plan.strided is not None and run == range(plan.first, plan.stop):
         # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
         # with one weight, its rows then repeated in place by a broadcast, which
@@ -398,6 +410,43 @@ def _apply_axis(
         if slot.valid is not None:
             terms[-1] = jnp.where(along(slot.valid, bool), terms[-1], jnp.zeros((), dtype))
     return total(terms, len(run))
+
+
+def _looped_axis(
+    v: jax.Array,
+    dim: int,
+    plan: _sampling.Plan,
+    dtype: Any,
+    along: Callable[[Any, Any], jax.Array],
+    *,
+    bfloat16_bits: bool,
+) -> jax.Array:
+    """The whole axis, summed in a loop over the taps: the terms and their order are
+    those of ``_apply_axis``, and the program's size does not depend on the count.
+
+    A sum can round differently in its last bit from the unrolled one (the
+    compiler may fuse a multiply-add in the loop body); it is the same on every
+    run. Only rows with more than ``_MAX_UNROLLED_TAPS`` taps take this path.
+    """
+    index, weights, valid = _compact(plan)
+    if plan.period:
+        row, offset = _pattern_rows(plan)
+    else:
+        row, offset = lax.iota(jnp.int32, plan.n_rows), jnp.zeros((), jnp.int32)
+    by_tap = [jnp.asarray(t.T) for t in (index, weights.astype(dtype), valid)]
+
+    def term(j: jax.Array) -> jax.Array:
+        tap_index, tap_weight, tap_valid = (t[j][row] for t in by_tap)
+        read = jnp.take(v, tap_index + offset, axis=dim, mode="clip")
+        read = _bits.widen(read) if bfloat16_bits else read.astype(dtype)
+        return jnp.where(
+            along(tap_valid, bool), read * along(tap_weight, dtype), jnp.zeros((), dtype)
+        )
+
+    total: jax.Array = lax.fori_loop(
+        1, plan.width, lambda j, acc: acc + term(j), term(jnp.int32(0))
+    )
+    return total
 
 
 def _apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:

@@ -158,15 +158,17 @@ def test_the_cache_is_bounded_by_bytes():
 
 
 @contextlib.contextmanager
-def indices_computed():
-    """Every axis gathers with indices computed from its pattern, as long axes do."""
-    listed = _resample._LISTED_ROWS
-    _resample._LISTED_ROWS = 0
+def patched(**limits):
+    """``_resample``'s limits set to ``limits`` (then restored), the caches cleared."""
+    saved = {name: getattr(_resample, name) for name in limits}
+    for name, value in limits.items():
+        setattr(_resample, name, value)
     jax.clear_caches()
     try:
         yield
     finally:
-        _resample._LISTED_ROWS = listed
+        for name, value in saved.items():
+            setattr(_resample, name, value)
         jax.clear_caches()
 
 
@@ -178,7 +180,9 @@ def indices_computed():
     mode=st.sampled_from(["nearest", "linear"]),
     dtype=st.sampled_from(["float32", "bfloat16"]),
 )
-def test_computed_indices_give_the_listed_results(n_in, ratio, offsets, mode, dtype):
+def test_computed_indices_and_loops_give_the_listed_results(n_in, ratio, offsets, mode, dtype):
+    # Long axes compute their indices from the pattern, and rows with many taps
+    # sum them in a loop: the same terms in the same order as the listed tables.
     scales = (1.0, ratio[0] / ratio[1])
     n_out = max(1, math.floor(n_in * scales[1]))
     kw = dict(mode=mode, input_pixel_offsets=offsets[0], output_pixel_offsets=offsets[1])
@@ -191,7 +195,43 @@ def test_computed_indices_give_the_listed_results(n_in, ratio, offsets, mode, dt
         return y, jaxgrad.resample_grad(dy, (3, n_in), scales, **kw)
 
     listed = both()
-    with indices_computed():
+    with patched(_LISTED_ROWS=0):  # every axis computes its indices: the same program
         computed = both()
     for a, b in zip(listed, computed, strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    # Every axis loops over its taps. The terms and their order are the same, but
+    # XLA:CPU may fuse a multiply-add in the loop body, so a sum can round
+    # differently in its last bit.
+    ulp = {"float32": 2.0**-23, "bfloat16": 2.0**-7}[dtype]
+    for limits in (dict(_MAX_UNROLLED_TAPS=0), dict(_LISTED_ROWS=0, _MAX_UNROLLED_TAPS=0)):
+        with patched(**limits):
+            looped = both()
+        for a, b in zip(listed, looped, strict=True):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            np.testing.assert_allclose(b, a, rtol=4 * ulp, atol=4 * ulp * np.abs(a).max())
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_a_large_upsampling_gradient_loops_over_its_taps(mode):
+    # Each input of a 40x upsampling feeds 40 (nearest) or 80 (linear) outputs: its
+    # gradient row sums them in a loop, against the float64 scatter-add reference.
+    from test_resample import reference_resample_grad
+
+    rng = np.random.default_rng(0)
+    dy = rng.normal(size=(2, 320))
+    kw = dict(mode=mode)
+    dx = jaxgrad.resample_grad(jnp.asarray(dy), (2, 8), (1, 40.0), **kw)
+    args = ((1, 40.0), (0.5, 0.5), (-0.5, -0.5), mode, "half_up")
+    np.testing.assert_allclose(dx, reference_resample_grad(dy, (2, 8), *args), rtol=1e-12)
+    axis = _sampling.Axis(8, 320, _sampling.Affine(40.0, 0.5, -0.5), mode == "linear", "half_up")
+    assert _sampling.plan(axis, True).width > _resample._MAX_UNROLLED_TAPS
+
+    def text_bytes(scale):
+        n_out = 64 * scale
+        lowered = jax.jit(
+            lambda dy: jaxgrad.resample_grad(dy, (1, 64), (1, float(scale)), **kw)
+        ).lower(jax.ShapeDtypeStruct((1, n_out), jnp.float32))
+        return len(lowered.as_text())
+
+    # The tables hold a few rows of 1000-2000 taps; nothing is unrolled per tap.
+    assert text_bytes(1000) < 100_000
