@@ -37,8 +37,9 @@ ROUNDINGS = ("half_up", "down", "up")
 # applied whole.
 _MAX_BLOCKS = 27
 # Axes up to this many rows are gathered with constant index tables (at most a
-# few hundred KiB of program); XLA:CPU runs those up to 5x faster than a gather
-# whose indices the program computes. Longer axes compute them from the pattern.
+# few hundred KiB of program): XLA:CPU runs those several times faster than a
+# gather whose indices the program computes. Longer axes compute them from the
+# pattern.
 _LISTED_ROWS = 4096
 # Rows with more taps than this (the gradient of a large upsampling: each input
 # sums every output it fed) are summed in a loop over the taps, so that the

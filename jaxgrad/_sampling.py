@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import fractions
 import math
+import threading
 from typing import Protocol
 
 import numpy as np
@@ -397,24 +398,24 @@ class _BytesCache:
         self.budget = budget
         self._plans: collections.OrderedDict[tuple[Axis, bool], Plan] = collections.OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()  # functions may be traced from several threads
 
     def get(self, axis: Axis, transpose: bool) -> Plan:
         key = (axis, transpose)
-        plan = self._plans.get(key)
-        if plan is not None:
-            self._plans.move_to_end(key)
-            return plan
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
         plan = _make_plan(axis, transpose)
-        self._plans[key] = plan
-        self._bytes += plan.nbytes
-        while self._bytes > self.budget and len(self._plans) > 1:
-            _, old = self._plans.popitem(last=False)
-            self._bytes -= old.nbytes
+        with self._lock:
+            if key not in self._plans:
+                self._plans[key] = plan
+                self._bytes += plan.nbytes
+            while self._bytes > self.budget and len(self._plans) > 1:
+                _, old = self._plans.popitem(last=False)
+                self._bytes -= old.nbytes
         return plan
-
-    def clear(self) -> None:
-        self._plans.clear()
-        self._bytes = 0
 
 
 _CACHE = _BytesCache(budget=64 * 2**20)

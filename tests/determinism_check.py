@@ -72,6 +72,16 @@ def cases(size: str):
 
         yield f"resize {tag}", resize_vjp, (x,)
 
+        # A long axis (indices computed from the pattern) and a large upsampling,
+        # whose gradient sums each input's 80 taps in a loop.
+        for length, scale in ((5000, 1.37), (200, 40.0)):
+
+            def long_vjp(x, scale=scale):
+                y, vjp = jax.vjp(lambda x: jaxgrad.resample(x, (1, scale), mode="linear"), x)
+                return y, vjp(y * 0.5 + 1)[0]
+
+            yield f"resample linear {scale} on {length} {tag}", long_vjp, (arr(2, length),)
+
         x, f = arr(*conv_shape), arr(*filter_shape)
         for implementation in implementations():
             for fmt in ("NHWC", "NCHW"):
