@@ -361,12 +361,14 @@ def _apply_axis(
     """
     reads = itertools.cycle(views)
 
-    def along(values: Any, dtype: Any) -> jax.Array:
-        """One value per row (or one for all), shaped to broadcast along ``dim``."""
-        array = jnp.asarray(values, dtype)
+    def along(values: Any, dtype: Any) -> Any:
+        """One value per row (or one for all), shaped to broadcast along ``dim``.
+        A listed mask stays a NumPy array (one constant in the program)."""
         shape = [1] * views[0].ndim
-        shape[dim] = array.size
-        return array.reshape(shape)
+        shape[dim] = np.size(values)
+        if isinstance(values, np.ndarray) and values.dtype == bool:
+            return values.reshape(shape)
+        return jnp.asarray(values, dtype).reshape(shape)
 
     def term(read: jax.Array, weight: Any, unit: bool) -> jax.Array:
         read = _bits.widen(read) if bfloat16_bits else read.astype(dtype)
@@ -381,20 +383,26 @@ def _apply_axis(
 
     if plan.width > _MAX_UNROLLED_TAPS:
         return _looped_axis(views[0], dim, plan, dtype, along, bfloat16_bits=bfloat16_bits)
+    # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
+    # with one weight, its rows then repeated in place by a broadcast, which XLA
+    # fuses, where a gather loads element by element. A single row is a slice too.
     if plan.strided is not None and run == range(plan.first, plan.stop):
-        # Every tap reads ``step`` further on every ``repeat`` rows: a strided slice
-        # with one weight, its rows then repeated in place by a broadcast, which
-        # XLA fuses, where a gather loads element by element.
         repeat, step = plan.strided
+        first_row = plan.pattern
+    elif len(run) == 1:
+        repeat, step = 1, 1
+        first_row = plan.tail if run.start > 0 else plan.head
+    else:
+        first_row = None
+    if first_row is not None:
         length = len(run) // repeat
-        pattern = plan.pattern
         terms = []
         for j in range(plan.width):
-            if pattern.valid[0, j]:
-                first = int(pattern.index[0, j])
+            if first_row.valid[0, j]:
+                first = int(first_row.index[0, j])
                 last = first + step * (length - 1) + 1
                 read = lax.slice_in_dim(next(reads), first, last, step, dim)
-                weight = pattern.weights[0, j : j + 1]
+                weight = first_row.weights[0, j : j + 1]
                 terms.append(term(read, weight, bool(weight[0] == 1)))
         out = total(terms, length)
         if repeat == 1:

@@ -169,7 +169,7 @@ def _entries(axis: Axis, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Table:
-    """Rows ``first .. first + len`` of a matrix: row ``r`` is
+    """Some consecutive rows of a matrix: row ``r`` is
     ``sum_k weights[r, k] * v[index[r, k]]``.
 
     Rows with fewer entries than ``K`` are padded with ``valid`` False. Entries of
