@@ -241,6 +241,18 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     lax.fori_loop(0, launch.rows, row, None)
 
 
+def _pixel_grid(
+    conv: Conv, launch: _Launch, size: tuple[int, int], channels: int
+) -> tuple[int, int, int]:
+    """The grid of a kernel that writes the pixels of an image of ``size``:
+    (images x row blocks, channel blocks, column blocks)."""
+    return (
+        conv.batch * pl.cdiv(size[0], launch.rows),
+        pl.cdiv(channels, launch.channels),
+        pl.cdiv(size[1], launch.cols),
+    )
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     empty = _empty(conv, conv.output_shape, x.dtype)
     if empty is not None:
@@ -248,15 +260,10 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.A
     launch = _launch(conv, interpret)
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
-    grid = (
-        conv.batch * pl.cdiv(conv.out_size[0], launch.rows),
-        pl.cdiv(channels, launch.channels),
-        pl.cdiv(conv.out_size[1], launch.cols),
-    )
     return launch.call(
         functools.partial(_forward_kernel, conv=conv),
         _struct(conv.output_shape, x.dtype),
-        grid,
+        _pixel_grid(conv, launch, conv.out_size, channels),
         x,
         f.reshape(fh * fw, channels),
     )
@@ -319,15 +326,10 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
         return empty
     launch = _launch(conv, interpret)
     fh, fw = conv.kernel
-    grid = (
-        conv.batch * pl.cdiv(conv.in_size[0], launch.rows),
-        pl.cdiv(conv.channels, launch.channels),
-        pl.cdiv(conv.in_size[1], launch.cols),
-    )
     return launch.call(
         functools.partial(_input_kernel, conv=conv),
         _struct(conv.input_shape, dy.dtype),
-        grid,
+        _pixel_grid(conv, launch, conv.in_size, conv.channels),
         f.reshape(fh * fw, conv.channels * conv.multiplier),
         dy,
     )
