@@ -15,7 +15,7 @@ from jaxgrad._relu import relu as relu
 from jaxgrad._relu import relu_grad as relu_grad
 from jaxgrad._resample import resample as resample
 from jaxgrad._resample import resample_grad as resample_grad
-from jaxgrad._resize import resize as resize
+from jaxgrad._resample import resize as resize
 
 __version__ = "0.1.0"
 

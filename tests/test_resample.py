@@ -414,9 +414,9 @@ def test_identity_axes_cost_nothing():
 
 
 def dml_axis(n_in, n_out, scale, a=0.5, b=-0.5, mode="nearest", rounding="half_up"):
-    from jaxgrad import _sampling
+    from jaxgrad._resample import _plan
 
-    return _sampling.Axis(n_in, n_out, _sampling.Affine(scale, a, b), mode == "linear", rounding)
+    return _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), mode == "linear", rounding)
 
 
 @pytest.mark.parametrize(
@@ -435,10 +435,10 @@ def dml_axis(n_in, n_out, scale, a=0.5, b=-0.5, mode="nearest", rounding="half_u
 def test_the_middle_run_is_strided_and_repeated(mode, scale, transpose, expected):
     # (repeat, step): each group of `repeat` equal rows reads the group before
     # shifted by `step`, so every tap is one strided slice, broadcast.
-    from jaxgrad import _sampling
+    from jaxgrad._resample import _plan
 
     axis = dml_axis(32, int(32 * scale), scale, mode=mode)
-    assert _sampling.plan(axis, transpose).strided == expected
+    assert _plan.plan(axis, transpose).strided == expected
 
 
 def test_a_short_strided_stretch_is_not_cut_out():
@@ -446,21 +446,21 @@ def test_a_short_strided_stretch_is_not_cut_out():
     # every 93, with some strided stretches of 14 rows. Cutting one out would leave
     # most rows in gathered edge blocks and cost a concatenation (7.2 ms against
     # 2.2 ms on [8, 32, 128, 128]), so the axis stays one gathered run.
-    from jaxgrad import _resample, _sampling
+    from jaxgrad._resample import _plan, _xla
 
     for n_in in (128, 1024):
-        plan = _sampling.plan(dml_axis(n_in, int(n_in * 0.93), 0.93), False)
+        plan = _plan.plan(dml_axis(n_in, int(n_in * 0.93), 0.93), False)
         assert plan.strided is None
-        assert _resample._runs(plan) == [range(plan.n_rows)]
+        assert _xla._runs(plan) == [range(plan.n_rows)]
 
 
 def test_repeated_rows_off_the_first_row():
     # Sampling at o / 2 with half-up rounding reads inputs 0, 1, 1, 2, 2, ...: the
     # pairs of equal rows start at row 1, and the edge rows around them are gathered.
-    from jaxgrad import _resample, _sampling
+    from jaxgrad._resample import _plan, _xla
 
-    plan = _sampling.plan(dml_axis(30, 60, 2.0, a=0.0, b=0.0), False)
-    assert _resample._runs(plan) == [range(1), range(1, 59), range(59, 60)]
+    plan = _plan.plan(dml_axis(30, 60, 2.0, a=0.0, b=0.0), False)
+    assert _xla._runs(plan) == [range(1), range(1, 59), range(59, 60)]
     assert plan.strided == (2, 1)
     x = np.random.default_rng(0).normal(size=(3, 30))
     y = jaxgrad.resample(x, (1, 2), input_pixel_offsets=0, output_pixel_offsets=0)
@@ -473,7 +473,7 @@ def test_repeated_rows_off_the_first_row():
 def test_strided_blocks_match_the_reference(mode, scale):
     # Long axes are cut into edge blocks (gathered) and a middle block whose rows
     # are strided copies of each other (sliced); the pieces must fit back exactly.
-    from jaxgrad import _sampling
+    from jaxgrad._resample import _plan
 
     rng = np.random.default_rng(3)
     in_shape = (2, 30, 36)
@@ -491,7 +491,7 @@ def test_strided_blocks_match_the_reference(mode, scale):
         dml_axis(n, m, s, mode=mode)
         for n, m, s in zip(in_shape[1:], out_shape[1:], [scale] * 2, strict=True)
     ]
-    plans = [_sampling.plan(axis, transpose) for axis in axes for transpose in (False, True)]
+    plans = [_plan.plan(axis, transpose) for axis in axes for transpose in (False, True)]
     assert any(plan.strided is not None for plan in plans)
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxgrad
-from jaxgrad import _resample, _resize, _sampling
+from jaxgrad._resample import _plan, _resize, _xla
 
 
 def expanded(plan):
@@ -22,7 +22,7 @@ def expanded(plan):
     pieces = [plan.head]
     for k in range((plan.stop - plan.first) // max(plan.period, 1)):
         p = plan.pattern
-        pieces.append(_sampling.Table(p.index + k * plan.shift * p.valid, p.weights, p.valid))
+        pieces.append(_plan.Table(p.index + k * plan.shift * p.valid, p.weights, p.valid))
     pieces.append(plan.tail)
     return [
         np.concatenate([getattr(t, name) for t in pieces]) for name in ("index", "weights", "valid")
@@ -30,7 +30,7 @@ def expanded(plan):
 
 
 def listed(axis, transpose):
-    rows = _sampling._input_rows if transpose else _sampling._output_rows
+    rows = _plan._input_rows if transpose else _plan._output_rows
     table = rows(axis, 0, axis.n_in if transpose else axis.n_out)
     return table.index * table.valid, table.weights, table.valid
 
@@ -66,8 +66,8 @@ def test_a_plan_lists_the_same_rows_as_the_matrix(n_in, ratio, a, b, mode, round
     p, q = ratio
     scale = p / q
     n_out = max(1, math.floor(n_in * scale))
-    axis = _sampling.Axis(n_in, n_out, _sampling.Affine(scale, a, b), mode == "linear", rounding)
-    plan = _sampling._make_plan(axis, transpose)
+    axis = _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), mode == "linear", rounding)
+    plan = _plan._make_plan(axis, transpose)
     assert_same_rows(plan, axis, transpose)
 
 
@@ -76,8 +76,8 @@ def test_a_plan_lists_the_same_rows_as_the_matrix(n_in, ratio, a, b, mode, round
 @pytest.mark.parametrize("transpose", [False, True])
 def test_resize_plans_list_the_same_rows(ctm, n_in, n_out, transpose):
     coordinates = _resize._Coordinates(ctm, n_in, n_out, n_out / n_in, 0.0)
-    axis = _sampling.Axis(n_in, n_out, coordinates, True, "half_up")
-    plan = _sampling._make_plan(axis, transpose)
+    axis = _plan.Axis(n_in, n_out, coordinates, True, "half_up")
+    plan = _plan._make_plan(axis, transpose)
     if ctm != "align_corners":  # (n_out - 1) / (n_in - 1): periods too long for these
         assert plan.period
     assert_same_rows(plan, axis, transpose)
@@ -85,9 +85,9 @@ def test_resize_plans_list_the_same_rows(ctm, n_in, n_out, transpose):
 
 def test_coordinates_repeat_exactly_and_start_as_written():
     # u(kP + j) = u(j) + kQ, the first period as (o - b) / s - a in float64.
-    axis = _sampling.Axis(1000, 1370, _sampling.Affine(1.37, 0.5, -0.5), True, "half_up")
+    axis = _plan.Axis(1000, 1370, _plan.Affine(1.37, 0.5, -0.5), True, "half_up")
     o = np.arange(1370)
-    base, rest = _sampling._split_coordinates(axis, o)
+    base, rest = _plan._split_coordinates(axis, o)
     np.testing.assert_array_equal(rest[:137], (o[:137] + 0.5) / 1.37 - 0.5)
     np.testing.assert_array_equal(rest, np.tile(rest[:137], 10))
     np.testing.assert_array_equal(base, np.repeat(np.arange(10) * 100, 137))
@@ -108,23 +108,23 @@ def test_coordinates_repeat_exactly_and_start_as_written():
     ],
 )
 def test_period_of(ratio, expected):
-    assert _sampling.period_of(ratio) == expected
+    assert _plan.period_of(ratio) == expected
 
 
 @pytest.mark.parametrize("transpose", [False, True])
 def test_tables_do_not_grow_with_the_axis(transpose):
     sizes = []
     for n_in in (1000, 100_000, 10_000_000):
-        axis = _sampling.Axis(
-            n_in, math.floor(n_in * 1.37), _sampling.Affine(1.37, 0.5, -0.5), True, "half_up"
+        axis = _plan.Axis(
+            n_in, math.floor(n_in * 1.37), _plan.Affine(1.37, 0.5, -0.5), True, "half_up"
         )
-        sizes.append(_sampling._make_plan(axis, transpose).nbytes)
+        sizes.append(_plan._make_plan(axis, transpose).nbytes)
     assert sizes[0] == sizes[1] == sizes[2] < 8192
 
 
 def test_an_axis_without_a_pattern_lists_every_row():
-    axis = _sampling.Axis(50, 157, _sampling.Affine(math.pi, 0.5, -0.5), True, "half_up")
-    plan = _sampling._make_plan(axis, False)
+    axis = _plan.Axis(50, 157, _plan.Affine(math.pi, 0.5, -0.5), True, "half_up")
+    plan = _plan._make_plan(axis, False)
     assert plan.period == 0 and plan.head.rows == 157
     assert_same_rows(plan, axis, False)
 
@@ -145,9 +145,9 @@ def test_the_program_does_not_grow_with_the_axis():
 
 
 def test_the_cache_is_bounded_by_bytes():
-    cache = _sampling._BytesCache(budget=200_000)
+    cache = _plan._BytesCache(budget=200_000)
     axes = [
-        _sampling.Axis(n, 3 * n, _sampling.Affine(math.pi, 0.5, -0.5), True, "half_up")
+        _plan.Axis(n, 3 * n, _plan.Affine(math.pi, 0.5, -0.5), True, "half_up")
         for n in range(1000, 1010)
     ]
     for axis in axes:
@@ -158,18 +158,23 @@ def test_the_cache_is_bounded_by_bytes():
 
 
 @contextlib.contextmanager
-def patched(**limits):
-    """``_resample``'s limits set to ``limits`` (then restored), the caches cleared."""
-    saved = {name: getattr(_resample, name) for name in limits}
-    for name, value in limits.items():
-        setattr(_resample, name, value)
+def patched(*limits):
+    """Each ``(module, name, value)`` of ``limits`` set (then restored), the caches
+    cleared."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in limits]
+    for module, name, value in limits:
+        setattr(module, name, value)
     jax.clear_caches()
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(_resample, name, value)
+        for module, name, value in saved:
+            setattr(module, name, value)
         jax.clear_caches()
+
+
+LISTED_NONE = (_plan, "LISTED_ROWS", 0)  # every axis computes its rows in the program
+UNROLLED_NONE = (_xla, "_MAX_UNROLLED_TAPS", 0)  # every axis loops over its taps
 
 
 @settings(max_examples=25, deadline=None)
@@ -195,7 +200,7 @@ def test_computed_indices_and_loops_give_the_listed_results(n_in, ratio, offsets
         return y, jaxgrad.resample_grad(dy, (3, n_in), scales, **kw)
 
     listed = both()
-    with patched(_LISTED_ROWS=0):  # every axis computes its indices: the same program
+    with patched(LISTED_NONE):  # every axis computes its indices: the same program
         computed = both()
     for a, b in zip(listed, computed, strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -203,8 +208,8 @@ def test_computed_indices_and_loops_give_the_listed_results(n_in, ratio, offsets
     # XLA:CPU may fuse a multiply-add in the loop body, so a sum can round
     # differently in its last bit.
     ulp = {"float32": 2.0**-23, "bfloat16": 2.0**-7}[dtype]
-    for limits in (dict(_MAX_UNROLLED_TAPS=0), dict(_LISTED_ROWS=0, _MAX_UNROLLED_TAPS=0)):
-        with patched(**limits):
+    for limits in ((UNROLLED_NONE,), (LISTED_NONE, UNROLLED_NONE)):
+        with patched(*limits):
             looped = both()
         for a, b in zip(listed, looped, strict=True):
             a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -223,8 +228,8 @@ def test_a_large_upsampling_gradient_loops_over_its_taps(mode):
     dx = jaxgrad.resample_grad(jnp.asarray(dy), (2, 8), (1, 40.0), **kw)
     args = ((1, 40.0), (0.5, 0.5), (-0.5, -0.5), mode, "half_up")
     np.testing.assert_allclose(dx, reference_resample_grad(dy, (2, 8), *args), rtol=1e-12)
-    axis = _sampling.Axis(8, 320, _sampling.Affine(40.0, 0.5, -0.5), mode == "linear", "half_up")
-    assert _sampling.plan(axis, True).width > _resample._MAX_UNROLLED_TAPS
+    axis = _plan.Axis(8, 320, _plan.Affine(40.0, 0.5, -0.5), mode == "linear", "half_up")
+    assert _plan.plan(axis, True).width > _xla._MAX_UNROLLED_TAPS
 
     def text_bytes(scale):
         n_out = 64 * scale

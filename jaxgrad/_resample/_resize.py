@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _resample, _sampling
+from jaxgrad import _checks, _implementation
+from jaxgrad._resample import _ops, _plan
 
 COORDINATE_TRANSFORMATION_MODES = (
     "half_pixel",
@@ -32,6 +33,7 @@ def resize(
     mode: str = "nearest",
     coordinate_transformation_mode: str = "half_pixel",
     nearest_mode: str = "round_prefer_floor",
+    implementation: str | None = None,
 ) -> jax.Array:
     """Resizes ``x`` with ONNX Resize's semantics, differentiably through ``resample``.
 
@@ -72,6 +74,14 @@ def resize(
       coordinate_transformation_mode: one of the six above.
       nearest_mode: ``"round_prefer_floor"`` (ONNX's default),
         ``"round_prefer_ceil"``, ``"floor"`` or ``"ceil"``.
+      implementation: which arithmetic computes the op, as in
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
+        a Pallas kernel on CUDA GPUs for linear interpolation in float16,
+        bfloat16 and float32, and the jnp/lax composition elsewhere; ``"xla"``
+        is the jnp/lax composition on every backend; ``"pallas"`` is the
+        kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
+        tests). All give the same results up to float rounding (nearest
+        neighbour's are exact), each bitwise reproducible.
 
     Returns:
       The resized array, with the dtype of ``x``.
@@ -81,7 +91,8 @@ def resize(
       ValueError: both or neither of ``output_shape`` and ``scales``; a negative
         length or a scale that is not positive; a per-axis argument of the wrong
         length; an unknown mode; ``scales`` that give an output length of 0; an
-        empty axis of ``x`` to be resized into a non-empty one.
+        empty axis of ``x`` to be resized into a non-empty one; an unknown
+        ``implementation``, or ``"pallas"`` where it cannot run.
 
     Examples:
       PyTorch's ``F.interpolate(x, scale_factor=2, mode="linear")``:
@@ -96,8 +107,8 @@ def resize(
     """
     op = "resize"
     x = _checks.as_array(op, "x", x)
-    _resample.check_rank(op, "x", x)
-    mode = _checks.choice(op, "mode", mode, _resample.MODES)
+    _ops.check_rank(op, "x", x)
+    mode = _checks.choice(op, "mode", mode, _ops.MODES)
     ctm = _checks.choice(
         op,
         "coordinate_transformation_mode",
@@ -105,20 +116,21 @@ def resize(
         COORDINATE_TRANSFORMATION_MODES,
     )
     nearest = _checks.choice(op, "nearest_mode", nearest_mode, NEAREST_MODES)
-    _resample.check_dtype(op, "x", x, allow_integers=mode == "nearest")
+    impl = _implementation.check(op, implementation)
+    _ops.check_dtype(op, "x", x, allow_integers=mode == "nearest")
     if (output_shape is None) == (scales is None):
         raise ValueError(
             f"{op}: give exactly one of output_shape and scales, got "
             f"{'both' if output_shape is not None else 'neither'}"
         )
     if scales is None:
-        out_shape = _resample.check_shape(op, "output_shape", output_shape, x.ndim)
-        _resample.check_samples(op, x.shape, out_shape)
+        out_shape = _ops.check_shape(op, "output_shape", output_shape, x.ndim)
+        _ops.check_samples(op, x.shape, out_shape)
         if 0 in x.shape or 0 in out_shape:  # empty in or out, as jax.image.resize
             return jnp.zeros(out_shape, x.dtype)
         scales_ = tuple(m / n for m, n in zip(out_shape, x.shape, strict=True))
     else:
-        scales_ = _resample.positive_scales(op, scales, x.ndim)
+        scales_ = _ops.positive_scales(op, scales, x.ndim)
         out_shape = tuple(math.floor(n * s) for n, s in zip(x.shape, scales_, strict=True))
         if 0 in out_shape:
             raise ValueError(
@@ -135,12 +147,12 @@ def resize(
     if mode == "linear":
         shift = 0.0
     axes = tuple(
-        _sampling.Axis(
+        _plan.Axis(
             n_in, n_out, _Coordinates(ctm, n_in, n_out, s, shift), mode == "linear", rounding
         )
         for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
     )
-    return _resample.compiled_core(x, axes, False)  # type: ignore[no-any-return]
+    return _ops.compiled_core(x, axes, False, impl)  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +175,8 @@ class _Coordinates:
         if self.mode in ("pytorch_half_pixel", "align_corners") and length == 1:
             return None  # one coordinate for every output
         if self.mode == "align_corners":
-            return _sampling.period_of((length - 1) / (self.n_in - 1)) if self.n_in > 1 else None
-        return _sampling.period_of(self.scale)
+            return _plan.period_of((length - 1) / (self.n_in - 1)) if self.n_in > 1 else None
+        return _plan.period_of(self.scale)
 
 
 def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float, o: np.ndarray) -> np.ndarray:

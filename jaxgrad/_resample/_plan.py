@@ -29,9 +29,17 @@ import math
 import threading
 from typing import Protocol
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 MAX_PERIOD = 4096
+# Axes up to this many rows are listed in full as constants of the program (at
+# most a few hundred KiB); longer ones with a pattern have their rows computed in
+# the program from it (``pattern_rows``), so that the program does not grow with
+# the axis.
+LISTED_ROWS = 4096
 
 # A run of rows is cut out of an axis to be read with strided slices (one per tap,
 # then repeated in place) when it is at least this long and holds half of the rows
@@ -318,6 +326,15 @@ class Plan:
         valid = np.concatenate([self.head.valid, tiled[1], self.tail.valid])
         return Table((index * valid).astype(np.int32), weights, valid)
 
+    def compact(self) -> Table:
+        """The head, one period of the pattern and the tail, one after another:
+        ``pattern_rows`` says which of these rows each row of the axis reads."""
+        index, weights, valid = (
+            np.concatenate(parts)
+            for parts in zip(*((t.index, t.weights, t.valid) for t in self.tables()), strict=True)
+        )
+        return Table(index, weights, valid)
+
     @property
     def is_identity(self) -> bool:
         """Every row ``r`` is column ``r`` with weight 1."""
@@ -424,3 +441,16 @@ _CACHE = _BytesCache(budget=64 * 2**20)
 def plan(axis: Axis, transpose: bool) -> Plan:
     """The rows of ``axis``'s matrix (or of its transpose, the gradient's), cached."""
     return _CACHE.get(axis, transpose)
+
+
+def pattern_rows(plan: Plan) -> tuple[jax.Array, jax.Array]:
+    """For every row of the axis, computed in the program: its row in
+    ``plan.compact()`` and the offset added to the columns it reads there
+    (``k * shift`` in the ``k``-th period)."""
+    r = lax.iota(jnp.int32, plan.n_rows)
+    k, j = jnp.divmod(r - plan.first, plan.period)
+    in_head, before_tail = r < plan.first, r < plan.stop
+    tail_row = plan.head.rows + plan.period + r - plan.stop
+    row = jnp.where(in_head, r, jnp.where(before_tail, plan.head.rows + j, tail_row))
+    offset = jnp.where(~in_head & before_tail, k * plan.shift, 0)
+    return row, offset

@@ -1,0 +1,352 @@
+"""Resample's arithmetic as one Pallas kernel: Triton on CUDA GPUs, interpret mode on the CPU.
+
+Every axis is resampled in the same pass, so each output element is read from
+the input and written once, with no intermediate array between the axes. The
+kernel sees the array as ``[batch, rows, columns, channels]``:
+
+- ``columns`` is the last resampled axis; its taps differ from lane to lane and
+  are read from the axis's table as vectors.
+- ``rows`` flattens the resampled axes before it (none for a 1-D resample): one
+  output row at a time, whose taps are scalars.
+- ``batch`` and ``channels`` flatten the axes before and after those, which the
+  op leaves alone (an identity axis between two resampled ones counts as
+  resampled, with one tap).
+
+A program owns a block of output rows, a block of columns and a block of
+channels. Each output is ``sum over row taps of w_row * (sum over column taps of
+w_col * x)``, in table order, in float32 (float64 for float64) and rounded once:
+a fixed order with no atomics, the same bits on every run. A pure gather
+(nearest neighbour forward) moves the values as they are, in any dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxgrad import _checks
+from jaxgrad._resample import _plan
+from jaxgrad._resample._plan import Axis
+
+try:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
+except ImportError:  # a JAX without Pallas' Triton backend
+    AVAILABLE = False
+
+# Output rows per program.
+_ROWS = 4
+# Elements per tile (columns x channels): 8 per thread of 4 warps.
+_TILE = 1024
+# The most channels per tile; columns get the rest.
+_MAX_CHANNELS = 64
+# Taps up to this many are unrolled in the kernel; more are summed in a loop, so
+# that the kernel does not grow with the scale.
+_MAX_UNROLLED_TAPS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tables:
+    """One axis's rows as kernel operands: ``index`` ``[rows, taps]`` int32, -1 where
+    a row has fewer taps, and ``weights`` ``[rows, taps]`` in the compute dtype."""
+
+    index: jax.Array
+    weights: jax.Array
+
+    @property
+    def taps(self) -> int:
+        return int(self.index.shape[1])
+
+
+def _tables(plan: _plan.Plan, dtype: Any) -> _Tables:
+    """A plan's rows, listed as constants on a short axis or one without a
+    pattern, and computed in the program from the pattern on a long one."""
+    if plan.n_rows <= _plan.LISTED_ROWS or not plan.period:
+        listed = plan.listed()
+        return _Tables(
+            jnp.asarray(np.where(listed.valid, listed.index, -1), jnp.int32),
+            jnp.asarray(listed.weights, dtype),
+        )
+    compact = plan.compact()
+    row, offset = _plan.pattern_rows(plan)
+    index = jnp.asarray(compact.index, jnp.int32)[row] + offset[:, None]
+    return _Tables(
+        jnp.where(jnp.asarray(compact.valid)[row], index, -1),
+        jnp.asarray(compact.weights, dtype)[row],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """How the kernel cuts its work, and whether it runs interpreted."""
+
+    cols: int  # columns per tile: a power of two, as Triton's blocks must be
+    channels: int  # channels per tile: a power of two
+    rows: int  # output rows per program
+    interpret: bool
+    warps: int = 4
+
+    def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
+        """``lanes`` as indices into an axis of ``size``, for a masked access.
+
+        On the GPU a masked lane touches no memory and the indices stay as they
+        are. Interpret mode gathers and scatters for real: a load's masked lanes
+        are clamped into the array, and a store's point one past its end, where
+        the scatter drops them.
+        """
+        if not self.interpret:
+            return lanes
+        if store:
+            return jnp.where(lanes < size, lanes, size)
+        return jnp.clip(lanes, 0, size - 1)
+
+
+def _launch(out_cols: int, channels: int, interpret: bool) -> _Launch:
+    # Loads are coalesced along the array's minor axis: the channels, or the
+    # columns when there are none (a resampled last axis).
+    chans = min(pl.next_power_of_2(channels), _MAX_CHANNELS)
+    cols = min(pl.next_power_of_2(out_cols), _TILE // chans)
+    return _Launch(cols=cols, channels=chans, rows=_ROWS, interpret=interpret)
+
+
+def _lanes(block: Any, size: int) -> jax.Array:
+    """The ``size`` consecutive indices of block ``block``."""
+    lanes: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
+    return lanes
+
+
+def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.Array:
+    """``term(0) + term(1) + ...`` for ``count`` terms, in that order: unrolled for a
+    few, a loop for many."""
+    if count <= _MAX_UNROLLED_TAPS:
+        total = zero
+        for t in range(count):
+            total = total + term(t)
+        return total
+    looped: jax.Array = lax.fori_loop(0, count, lambda t, acc: acc + term(t), zero)
+    return looped
+
+
+def _kernel(
+    *refs: Any, row_axes: tuple[tuple[int, int], ...], exact: bool, launch: _Launch
+) -> None:
+    """One program: ``launch.rows`` output rows of a block of columns and channels.
+
+    ``refs``: the input ``[B, R_in, W_in, C]``, then an (index, weights) pair per
+    row axis and one for the column axis, then the output ``[B, R_out, W_out, C]``.
+    ``row_axes``: the (input, output) length of each row axis, whose products are
+    ``R_in`` and ``R_out``.
+    """
+    x_ref, *table_refs, out_ref = refs
+    row_tables = [tuple(table_refs[2 * a : 2 * a + 2]) for a in range(len(row_axes))]
+    col_index_ref, col_weight_ref = table_refs[-2:]
+    _, rows_in, cols_in, channels = x_ref.shape
+    _, rows_out, cols_out, _ = out_ref.shape
+    dtype = x_ref.dtype if exact else _checks.compute_dtype(x_ref.dtype)
+    # One flat grid (CUDA limits its second and third axes to 65535 programs), the
+    # column blocks varying fastest, then the channel blocks: neighbouring
+    # programs read neighbouring input.
+    rest, col_block = divmod(pl.program_id(0), pl.cdiv(cols_out, launch.cols))
+    rest, chan_block = divmod(rest, pl.cdiv(channels, launch.channels))
+    b, row_block = divmod(rest, pl.cdiv(rows_out, launch.rows))
+    first = row_block * launch.rows
+    chans = _lanes(chan_block, launch.channels)
+    cols = _lanes(col_block, launch.cols)
+    chans_inside, cols_inside = chans < channels, cols < cols_out
+    col_lanes = launch.index(cols, cols_out)
+
+    def col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
+        """Column tap ``t`` of every lane: the input column (-1: none) and its weight."""
+        t = jnp.asarray(t, jnp.int32)  # interpret mode wants array indices
+        index = plgpu.load(col_index_ref.at[col_lanes, t], mask=cols_inside, other=-1)
+        weight = plgpu.load(col_weight_ref.at[col_lanes, t], mask=cols_inside, other=0)
+        return index, weight
+
+    def read(in_row: Any, row_ok: Any, in_cols: jax.Array) -> jax.Array:
+        """The ``[cols, channels]`` tile of input row ``in_row`` at the columns
+        ``in_cols``; zero where a tap is missing."""
+        inside = (row_ok & (in_cols >= 0) & cols_inside)[:, None] & chans_inside[None, :]
+        index = (
+            b,
+            jnp.clip(in_row, 0, rows_in - 1),
+            launch.index(in_cols, cols_in)[:, None],
+            launch.index(chans, channels)[None, :],
+        )
+        return plgpu.load(x_ref.at[index], mask=inside, other=0).astype(dtype)
+
+    def output_row(r: Any, carry: None) -> None:
+        o = first + r
+        # The output row's index along each row axis (the last varies fastest).
+        out_indices: list[Any] = []
+        rest = o
+        for _, size in reversed(row_axes):
+            out_indices.insert(0, rest % size)
+            rest = rest // size
+        row_taps = [int(table[0].shape[1]) for table in row_tables]
+
+        def row_tap(t: Any) -> tuple[Any, Any, Any]:
+            """Flat row tap ``t``: the input row, whether every axis has the tap,
+            and the product of the axes' weights."""
+            in_row: Any = 0
+            ok: Any = o < rows_out
+            weight: Any = 1
+            for (index_ref, weight_ref), (size_in, _), out_index, taps in zip(
+                row_tables, row_axes, out_indices, row_taps, strict=True
+            ):
+                t, tap = t // taps, jnp.asarray(t % taps, jnp.int32)
+                index = plgpu.load(index_ref.at[out_index, tap])
+                in_row = in_row * size_in + index
+                ok = ok & (index >= 0)
+                weight = weight * plgpu.load(weight_ref.at[out_index, tap])
+            return in_row, ok, weight
+
+        col_taps = int(col_index_ref.shape[1])
+        zero = jnp.zeros((launch.cols, launch.channels), dtype)
+        if exact:  # one tap per axis, weight 1: move the value
+            in_row, ok, _ = row_tap(0)
+            total = read(in_row, ok, col_tap(0)[0])
+        else:
+
+            def row_term(t: Any) -> jax.Array:
+                in_row, ok, row_weight = row_tap(t)
+
+                def col_term(u: Any) -> jax.Array:
+                    index, weight = col_tap(u)
+                    return read(in_row, ok, index) * weight.astype(dtype)[:, None]
+
+                return _sum(col_taps, col_term, zero) * jnp.asarray(row_weight, dtype)
+
+            total = _sum(math.prod(row_taps), row_term, zero)
+        inside = (o < rows_out) & cols_inside[:, None] & chans_inside[None, :]
+        index = (
+            b,
+            jnp.minimum(o, rows_out),
+            launch.index(cols, cols_out, store=True)[:, None],
+            launch.index(chans, channels, store=True)[None, :],
+        )
+        plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
+        return carry
+
+    lax.fori_loop(0, launch.rows, output_row, None)
+
+
+def _view(shape: tuple[int, ...], first: int, last: int) -> tuple[int, int, int, int]:
+    """``shape`` as ``[batch, rows, columns, channels]`` for the resampled axes
+    ``first .. last``."""
+    return (
+        math.prod(shape[:first]),
+        math.prod(shape[first:last]),
+        shape[last],
+        math.prod(shape[last + 1 :]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """What the kernel does for some axes: the plans of the axes it reads along
+    (``first`` to ``last``, the first and last that are not the identity), and
+    whether they only move values."""
+
+    plans: tuple[_plan.Plan, ...]
+    first: int
+    exact: bool
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.plans) - 1
+
+
+def _work(axes: tuple[Axis, ...], transpose: bool) -> _Work | None:
+    """The kernel's work, or None if every axis is the identity."""
+    plans = [_plan.plan(axis, transpose) for axis in axes]
+    moved = [d for d, plan in enumerate(plans) if not plan.is_identity]
+    if not moved:
+        return None
+    first, last = moved[0], moved[-1]
+    exact = all(plans[d].is_exact for d in moved)
+    return _Work(tuple(plans[first : last + 1]), first, exact)
+
+
+def resampled_axes(axes: tuple[Axis, ...], transpose: bool) -> range:
+    """The axes the kernel reads along, which must not be cut by sharding."""
+    work = _work(axes, transpose)
+    return range(work.first, work.last + 1) if work else range(0)
+
+
+def _dtypes(work: _Work, dtype: Any) -> tuple[Any, Any]:
+    """The dtype the kernel reads and writes (bool moves as uint8), and the one it
+    computes in."""
+    source = jnp.uint8 if dtype == jnp.bool_ else dtype
+    return source, source if work.exact else _checks.compute_dtype(dtype)
+
+
+def tables(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> tuple[jax.Array, ...]:
+    """The kernel's table operands for an input of ``dtype``: an index and a weight
+    array per axis it reads along."""
+    work = _work(axes, transpose)
+    if work is None:
+        return ()
+    compute = _dtypes(work, jnp.dtype(dtype))[1]
+    return tuple(
+        array for plan in work.plans for array in dataclasses.astuple(_tables(plan, compute))
+    )
+
+
+def apply(
+    x: jax.Array,
+    table_arrays: tuple[jax.Array, ...],
+    axes: tuple[Axis, ...],
+    transpose: bool,
+    *,
+    interpret: bool,
+) -> jax.Array:
+    """The separable map (or its transpose) on ``x``, in one kernel, with the
+    ``tables(axes, transpose, x.dtype)``.
+
+    The axes the kernel reads along take their lengths from ``axes``; the others
+    keep ``x``'s (a shard's, under ``custom_partitioning``).
+    """
+    work = _work(axes, transpose)
+    if work is None:
+        return x
+    first, last = work.first, work.last
+    out_shape = tuple(
+        work.plans[d - first].n_rows if first <= d <= last else n for d, n in enumerate(x.shape)
+    )
+    if 0 in x.shape or 0 in out_shape:
+        return jnp.zeros(out_shape, x.dtype)
+    source = _dtypes(work, x.dtype)[0]
+    view_out = _view(out_shape, first, last)
+    launch = _launch(view_out[2], view_out[3], interpret)
+    params = None
+    if not interpret:
+        params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
+    out = pl.pallas_call(
+        functools.partial(
+            _kernel,
+            row_axes=tuple((plan.n_cols, plan.n_rows) for plan in work.plans[:-1]),
+            exact=work.exact,
+            launch=launch,
+        ),
+        out_shape=jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
+        grid=(
+            view_out[0]
+            * pl.cdiv(view_out[1], launch.rows)
+            * pl.cdiv(view_out[3], launch.channels)
+            * pl.cdiv(view_out[2], launch.cols),
+        ),
+        interpret=interpret,
+        compiler_params=params,
+    )(x.astype(source).reshape(_view(x.shape, first, last)), *table_arrays)
+    result: jax.Array = out.reshape(out_shape).astype(x.dtype)
+    return result
