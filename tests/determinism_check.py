@@ -3,9 +3,9 @@ fresh processes (tests/test_determinism.py here, benchmarks/gpu.py on a GPU).
 
     python tests/determinism_check.py [--size small|large]
 
-Each line is ``<case> <sha256 of the result's bytes>``. The depthwise ops run in
-every implementation that can run on the default backend ("xla" and "pallas" on
-the CPU and on CUDA GPUs). ``large`` uses the shapes a GPU trains on, where XLA's
+Each line is ``<case> <sha256 of the result's bytes>``. The resample and depthwise
+ops run in every implementation that can run on the default backend ("xla" and
+"pallas" on the CPU and on CUDA GPUs). ``large`` uses the shapes a GPU trains on, where XLA's
 autotuner would pick a reduction's tiling per process; ``small`` keeps interpreted
 kernels quick on the CPU.
 """
@@ -26,6 +26,10 @@ SIZES = {
     "small": ((2, 16, 16, 8), (2, 12, 12, 8), (3, 3, 8, 2)),
     "large": ((32, 64, 64, 64), (32, 112, 112, 96), (3, 3, 96, 1)),
 }
+
+# A long axis (rows computed from the pattern) and a large upsampling, whose
+# gradient sums each input's 80 taps in a loop: (length, scale).
+LONG_AXES = ((5000, 1.37), (200, 40.0))
 
 
 def digest(tree) -> str:
@@ -57,30 +61,37 @@ def cases(size: str):
 
         x = arr(*resample_shape)
         yield f"relu {tag}", lambda x: jax.vjp(jaxgrad.relu, x)[1](x)[0] + jaxgrad.relu(x), (x,)
-        for mode, scale in (("nearest", 2.0), ("linear", 2.0), ("linear", 0.5), ("linear", 1.7)):
-            scales = (1.0, scale, scale, 1.0)
+        long_axes = {(length, scale): arr(2, length) for length, scale in LONG_AXES}
+        for implementation in implementations():
+            up = dict(implementation=implementation)
+            modes = (("nearest", 2.0), ("linear", 2.0), ("linear", 0.5), ("linear", 1.7))
+            for (mode, scale), fmt in [*((m, "NHWC") for m in modes), (("linear", 2.0), "NCHW")]:
+                xi = x if fmt == "NHWC" else jnp.transpose(x, (0, 3, 1, 2))
+                scales = (1.0, scale, scale, 1.0) if fmt == "NHWC" else (1.0, 1.0, scale, scale)
 
-            def resample_vjp(x, scales=scales, mode=mode):
-                y, vjp = jax.vjp(lambda x: jaxgrad.resample(x, scales, mode=mode), x)
-                return y, vjp(y * 0.5 + 1)[0]
+                def resample_vjp(x, scales=scales, mode=mode, up=up):
+                    y, vjp = jax.vjp(lambda x: jaxgrad.resample(x, scales, mode=mode, **up), x)
+                    return y, vjp(y * 0.5 + 1)[0]
 
-            yield f"resample {mode} {scale} {tag}", resample_vjp, (x,)
+                yield f"resample {implementation} {mode} {scale} {fmt} {tag}", resample_vjp, (xi,)
 
-        def resize_vjp(x):
-            y, vjp = jax.vjp(lambda x: jaxgrad.resize(x, (x.shape[0], 40, 24, x.shape[3])), x)
-            return y, vjp(y)[0]
+            def resize_vjp(x, up=up):
+                shape = (x.shape[0], 40, 24, x.shape[3])
+                y, vjp = jax.vjp(lambda x: jaxgrad.resize(x, shape, mode="linear", **up), x)
+                return y, vjp(y)[0]
 
-        yield f"resize {tag}", resize_vjp, (x,)
+            yield f"resize {implementation} {tag}", resize_vjp, (x,)
 
-        # A long axis (indices computed from the pattern) and a large upsampling,
-        # whose gradient sums each input's 80 taps in a loop.
-        for length, scale in ((5000, 1.37), (200, 40.0)):
+            for (length, scale), xl in long_axes.items():
 
-            def long_vjp(x, scale=scale):
-                y, vjp = jax.vjp(lambda x: jaxgrad.resample(x, (1, scale), mode="linear"), x)
-                return y, vjp(y * 0.5 + 1)[0]
+                def long_vjp(x, scale=scale, up=up):
+                    y, vjp = jax.vjp(
+                        lambda x: jaxgrad.resample(x, (1, scale), mode="linear", **up), x
+                    )
+                    return y, vjp(y * 0.5 + 1)[0]
 
-            yield f"resample linear {scale} on {length} {tag}", long_vjp, (arr(2, length),)
+                name = f"resample {implementation} linear {scale} on {length} {tag}"
+                yield name, long_vjp, (xl,)
 
         x, f = arr(*conv_shape), arr(*filter_shape)
         for implementation in implementations():

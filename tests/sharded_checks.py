@@ -37,9 +37,10 @@ def main(check: str, implementation: str | None) -> None:
 
     x, dy_up = arr(8, 16, 16, 8), arr(8, 32, 32, 8)
     f, dy_conv = arr(3, 3, 8, 2), arr(8, 16, 16, 16)
-    # The depthwise ops' implementation: None (the default), "xla", or "pallas"
-    # (its kernels run interpreted on the CPU devices, each inside one device's shard).
+    # The ops' implementation: None (the default), "xla", or "pallas" (the kernels
+    # run interpreted on the CPU devices, each inside one device's shard).
     conv_kw = dict(strides=(1, 1), padding="SAME", implementation=implementation)
+    up = dict(mode="linear", implementation=implementation)
 
     def conv(x, f):
         return jaxgrad.depthwise_conv2d(x, f, **conv_kw)
@@ -48,7 +49,7 @@ def main(check: str, implementation: str | None) -> None:
         return jax.vjp(conv, x, f)[1](g)
 
     def resample_vjp(x, g):
-        return jax.vjp(lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear"), x)[1](g)[0]
+        return jax.vjp(lambda x: jaxgrad.resample(x, (1, 2, 2, 1), **up), x)[1](g)[0]
 
     # name: (function, arguments, whether its compiled form may hold one all-reduce when
     # the batch is sharded: the filter gradient sums over the batch)
@@ -56,15 +57,19 @@ def main(check: str, implementation: str | None) -> None:
         "relu": (jaxgrad.relu, (x,), False),
         "relu_grad": (jaxgrad.relu_grad, (x, x), False),
         "relu vjp": (lambda x, g: jax.vjp(jaxgrad.relu, x)[1](g)[0], (x, x), False),
-        "resample": (lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear"), (x,), False),
-        "resample nearest": (lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1)), (x,), False),
+        "resample": (lambda x: jaxgrad.resample(x, (1, 2, 2, 1), **up), (x,), False),
+        "resample nearest": (
+            lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1), implementation=implementation),
+            (x,),
+            False,
+        ),
         "resample_grad": (
-            lambda g: jaxgrad.resample_grad(g, x.shape, (1, 2, 2, 1), mode="linear"),
+            lambda g: jaxgrad.resample_grad(g, x.shape, (1, 2, 2, 1), **up),
             (dy_up,),
             False,
         ),
         "resample vjp": (resample_vjp, (x, dy_up), False),
-        "resize": (lambda x: jaxgrad.resize(x, (8, 24, 20, 8), mode="linear"), (x,), False),
+        "resize": (lambda x: jaxgrad.resize(x, (8, 24, 20, 8), **up), (x,), False),
         "depthwise_conv2d": (conv, (x, f), False),
         "backprop_input": (
             lambda f, g: jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, g, **conv_kw),

@@ -1,6 +1,6 @@
 """Every op sharded over 8 CPU devices equals the unsharded result, with no collective
-beyond the filter gradient's all-reduce, in the depthwise ops' default implementation
-and their Pallas kernels; and the training example runs sharded.
+beyond the filter gradient's all-reduce, in the ops' default implementation and their
+Pallas kernels; and the training example runs sharded.
 
 JAX fixes its device count at start-up, so each check runs in a subprocess.
 """
@@ -13,7 +13,8 @@ from helpers import run_script
     ("check", "implementation"),
     [
         *[(check, "default") for check in ("batch", "channel", "spatial", "train_step")],
-        # The depthwise kernels (interpreted on the CPU devices), each on its shard.
+        # The depthwise and resample kernels (interpreted on the CPU devices), each on
+        # its shard.
         *[(check, "pallas") for check in ("batch", "channel", "spatial")],
     ],
 )

@@ -249,13 +249,15 @@ def resample_grad(
 # --------------------------------------------------------------------------------------
 
 
-def _preferred(axes: tuple[Axis, ...], dtype: Any) -> bool:
-    """Whether ``implementation=None`` takes the kernels on a CUDA GPU: linear
-    interpolation in the dtypes training runs in. XLA's own program moves nearest
-    neighbour at about the speed of a copy there, but not linear interpolation
-    (its bfloat16 gradient least of all)."""
-    linear = any(axis.linear for axis in axes)
-    return linear and jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16, jnp.float32)
+def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
+    """Whether ``implementation=None`` takes the kernel on a CUDA GPU: where XLA's
+    own program falls short of memory speed there. It moves nearest neighbour and
+    float32 linear gradients about as fast as a copy, but not linear forwards
+    or half-precision linear gradients."""
+    dtype = jnp.dtype(dtype)
+    if not any(axis.linear for axis in axes) or dtype == jnp.float64:
+        return False
+    return not (transpose and dtype == jnp.float32)
 
 
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:
@@ -267,7 +269,7 @@ def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
         xla=functools.partial(_xla.apply, axes=axes, transpose=transpose),
         pallas=functools.partial(_partition.apply, axes=axes, transpose=transpose),
         pallas_available=_pallas.AVAILABLE,
-        pallas_preferred=_preferred(axes, x.dtype),
+        pallas_preferred=_preferred(axes, transpose, x.dtype),
     )
 
 

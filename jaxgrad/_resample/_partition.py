@@ -70,13 +70,14 @@ def _partition(
     result_shape: Any,
 ) -> Any:
     del result_shape
-    sharding = NamedSharding(mesh, _spec(axes, transpose, arg_shapes[0].sharding))
+    x_shape, table_shapes = arg_shapes
+    sharding = NamedSharding(mesh, _spec(axes, transpose, x_shape.sharding))
     whole = NamedSharding(mesh, PartitionSpec())  # type: ignore[no-untyped-call]
 
-    def lower(x: jax.Array, *tables: jax.Array) -> jax.Array:
+    def lower(x: jax.Array, tables: tuple[jax.Array, ...]) -> jax.Array:
         return _pallas.apply(x, tables, axes, transpose, interpret=interpret)
 
-    return mesh, lower, sharding, (sharding,) + (whole,) * (len(arg_shapes) - 1)
+    return mesh, lower, sharding, (sharding, (whole,) * len(table_shapes))
 
 
 def _infer(

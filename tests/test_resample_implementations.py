@@ -1,0 +1,317 @@
+"""Resample's implementations: choosing one (``implementation=``), the Pallas kernel
+against the float64 reference and the scatter-add oracle (in Pallas' interpret mode
+on the CPU), and the kernel's lowering for CUDA GPUs, checked here without one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import FLOAT_DTYPES, TOLERANCE, transformed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.test_util import check_grads
+from test_resample import (
+    CASES,
+    INTEGER_DTYPES,
+    configs,
+    kwargs,
+    ref_args,
+    reference_resample,
+    reference_resample_grad,
+    scatter_add_oracle,
+)
+
+import jaxgrad
+from jaxgrad import _implementation
+from jaxgrad._resample import _pallas, _plan
+
+# The marker of a Triton kernel in a program lowered for CUDA.
+TRITON_CALL = "__gpu$xla.gpu.triton"
+KERNEL = dict(implementation="pallas")
+
+
+def both_ways(x, dy, in_shape, scales, out_shape=None, **kw):
+    """resample and resample_grad with the kernel."""
+    y = jaxgrad.resample(x, scales, output_shape=out_shape, **KERNEL, **kw)
+    dx = jaxgrad.resample_grad(dy, in_shape, scales, **KERNEL, **kw)
+    return y, dx
+
+
+# ----------------------------------------------------------------------------------
+# The kernel against the references
+# ----------------------------------------------------------------------------------
+
+
+# Each example compiles a new interpreted kernel (about half a second a direction).
+@settings(max_examples=15, deadline=None)
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_kernel_matches_reference(c, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=c["in_shape"])
+    dy = rng.normal(size=c["out_shape"])
+    y, dx = both_ways(
+        jnp.asarray(x), jnp.asarray(dy), c["in_shape"], c["scales"], c["out_shape"], **kwargs(c)
+    )
+    expected = reference_resample(x, c["out_shape"], *ref_args(c))
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    expected = reference_resample_grad(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, expected, rtol=1e-12, atol=1e-12)
+    oracle = scatter_add_oracle(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_in_every_float_dtype(case, dtype):
+    in_shape, scales, out_shape, mode, rounding = case
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=in_shape), dtype)
+    kw = dict(mode=mode, rounding=rounding)
+    y = jaxgrad.resample(x, scales, output_shape=out_shape, **KERNEL, **kw)
+    dy = jnp.asarray(rng.normal(size=y.shape), dtype)
+    dx = jaxgrad.resample_grad(dy, in_shape, scales, **KERNEL, **kw)
+    assert y.dtype == dx.dtype == dtype and dx.shape == in_shape
+    args = scales, (0.5,) * len(in_shape), (-0.5,) * len(in_shape), mode, rounding
+    tol = TOLERANCE[np.dtype(dtype)]
+    expected = reference_resample(np.asarray(x, np.float64), y.shape, *args)
+    np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=tol, atol=tol)
+    expected = reference_resample_grad(np.asarray(dy, np.float64), in_shape, *args)
+    np.testing.assert_allclose(
+        np.asarray(dx, np.float64), expected, rtol=tol, atol=tol * np.abs(expected).max()
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize(
+    "in_shape, scales",
+    [((16, 16), (4, 4)), ((2, 6, 5, 3), (1, 2, 2, 1)), ((6, 5, 7), (2, 2, 2))],
+)
+def test_kernel_half_precision_accumulates_in_float32(dtype, in_shape, scales):
+    # The linear gradient of an upsampling sums several terms per element: in half
+    # precision the kernel sums in float32 and rounds once, so its result is the
+    # float32 result rounded, bit for bit. Signs, zeros and infinities included.
+    rng = np.random.default_rng(2)
+    out_shape = tuple(n * s for n, s in zip(in_shape, scales, strict=True))
+    dy = rng.normal(size=out_shape)
+    dy.flat[:4] = [-0.0, np.inf, -np.inf, -1e-30]
+    dy = jnp.asarray(dy, dtype)
+    kw = dict(mode="linear", **KERNEL)
+    half = jaxgrad.resample_grad(dy, in_shape, scales, **kw)
+    full = jaxgrad.resample_grad(dy.astype(jnp.float32), in_shape, scales, **kw)
+    np.testing.assert_array_equal(
+        np.asarray(half, np.float32), np.asarray(full.astype(dtype), np.float32)
+    )
+
+
+@pytest.mark.parametrize("dtype", [*INTEGER_DTYPES, jnp.bool_, jnp.bfloat16, jnp.float32])
+def test_kernel_nearest_forward_moves_values_exactly(dtype):
+    # A pure gather moves the values as they are: every integer, every bool, the
+    # bits of every float, with no detour through float32.
+    info = jnp.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else None
+    rng = np.random.default_rng(3)
+    if info is not None:
+        x = rng.integers(info.min, info.max, size=(3, 5, 7), dtype=np.int64, endpoint=True)
+    else:
+        x = rng.normal(size=(3, 5, 7)) > 0 if dtype == jnp.bool_ else rng.normal(size=(3, 5, 7))
+    x = jnp.asarray(x, dtype)
+    for scales in [(1, 2.0, 1.7), (0.7, 0.5, 3.0)]:
+        kernel = jaxgrad.resample(x, scales, **KERNEL)
+        portable = jaxgrad.resample(x, scales, implementation="xla")
+        assert kernel.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(kernel), np.asarray(portable))
+
+
+def test_kernel_does_not_read_taps_of_weight_zero():
+    # Sampling exactly on input pixels: the second linear tap has weight 0, so an inf
+    # beside it must not turn into NaN (0 * inf).
+    x = jnp.array([1.0, np.inf, 3.0])
+    kw = dict(mode="linear", input_pixel_offsets=0, output_pixel_offsets=0, **KERNEL)
+    np.testing.assert_array_equal(jaxgrad.resample(x, (1.0,), **kw), x)
+    dx = jaxgrad.resample_grad(jnp.array([np.inf, 1.0]), (4,), (0.5,), **kw)
+    np.testing.assert_array_equal(dx, [np.inf, 0, 1, 0])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_kernel_loops_over_many_taps(mode):
+    # Each input of a 40x upsampling feeds 40 (nearest) or 80 (linear) outputs, more
+    # than the kernel unrolls: its gradient sums them in a loop.
+    axis = _plan.Axis(8, 320, _plan.Affine(40.0, 0.5, -0.5), mode == "linear", "half_up")
+    assert _plan.plan(axis, True).width > _pallas._MAX_UNROLLED_TAPS
+    rng = np.random.default_rng(0)
+    dy = rng.normal(size=(2, 320))
+    dx = jaxgrad.resample_grad(jnp.asarray(dy), (2, 8), (1, 40.0), mode=mode, **KERNEL)
+    args = ((1, 40.0), (0.5, 0.5), (-0.5, -0.5), mode, "half_up")
+    np.testing.assert_allclose(dx, reference_resample_grad(dy, (2, 8), *args), rtol=1e-12)
+
+
+def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
+    # A long axis with a pattern has its rows computed in the program from one
+    # period, not listed: the same tables, so the same bits.
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(3, 37, 29)), jnp.float32)
+    dy = jnp.asarray(rng.normal(size=(3, 50, 39)), jnp.float32)
+    kw = dict(mode="linear", input_pixel_offsets=0.25, output_pixel_offsets=-0.5)
+    scales = (1, 1.37, 1.37)
+    listed = both_ways(x, dy, x.shape, scales, dy.shape, **kw)
+    jax.clear_caches()
+    monkeypatch.setattr(_plan, "LISTED_ROWS", 0)
+    computed = both_ways(x, dy, x.shape, scales, dy.shape, **kw)
+    jax.clear_caches()
+    for a, b in zip(listed, computed, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
+def test_kernel_under_transforms(transform):
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(2, 5, 6)), jnp.float32)
+    fn = transformed(lambda x: jaxgrad.resample(x, (1, 2, 1.5), mode="linear", **KERNEL), transform)
+    expected = transformed(lambda x: jaxgrad.resample(x, (1, 2, 1.5), mode="linear"), transform)
+    np.testing.assert_allclose(fn(x), expected(x), rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_check_grads():
+    # Second order: resample's VJP is resample_grad's kernel, and its VJP resample's.
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 4, 5)))
+    check_grads(
+        lambda x: jaxgrad.resample(x, (1, 1.5, 2), mode="linear", **KERNEL),
+        (x,),
+        order=2,
+        modes=["rev"],
+    )
+
+
+def test_kernel_vjps_are_kernels():
+    x = jnp.ones((2, 4, 5), jnp.float32)
+
+    def loss(x):
+        return jnp.sum(jaxgrad.resample(x, (1, 2, 2), mode="linear", **KERNEL) ** 2)
+
+    text = jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count(TRITON_CALL) == 2  # forward and gradient, both kernels
+
+
+@pytest.mark.parametrize("ctm", ["half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_takes_the_kernel(ctm, mode):
+    x = jnp.asarray(np.random.default_rng(7).normal(size=(2, 7, 5, 3)), jnp.float32)
+    kw = dict(mode=mode, coordinate_transformation_mode=ctm)
+    kernel = jaxgrad.resize(x, (2, 12, 4, 3), **kw, **KERNEL)
+    portable = jaxgrad.resize(x, (2, 12, 4, 3), **kw, implementation="xla")
+    np.testing.assert_allclose(kernel, portable, rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_with_identity_and_empty_axes():
+    x = jnp.ones((2, 3), jnp.float32)
+    np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1), **KERNEL), x)
+    empty = jaxgrad.resample(jnp.ones((0, 3)), (1, 2), output_shape=(0, 6), **KERNEL)
+    assert empty.shape == (0, 6)
+
+
+# ----------------------------------------------------------------------------------
+# Choosing the implementation
+# ----------------------------------------------------------------------------------
+
+
+def lowered(implementation, platform, *, mode="linear", dtype=jnp.float32, grad=False):
+    """The program of resample (or resample_grad) at 2x, lowered for ``platform``."""
+    kw = dict(mode=mode, implementation=implementation)
+    if grad:
+        fn = lambda dy: jaxgrad.resample_grad(dy, (2, 4, 8, 8), (1, 1, 2, 2), **kw)  # noqa: E731
+        arg = jax.ShapeDtypeStruct((2, 4, 16, 16), dtype)
+    else:
+        fn = lambda x: jaxgrad.resample(x, (1, 1, 2, 2), **kw)  # noqa: E731
+        arg = jax.ShapeDtypeStruct((2, 4, 8, 8), dtype)
+    return jax.jit(fn).trace(arg).lower(lowering_platforms=(platform,)).as_text()
+
+
+@pytest.fixture
+def patch(monkeypatch):
+    """``monkeypatch.setattr`` for what the choice of implementation reads, with
+    JAX's caches cleared around it: a traced choice would outlive the patch."""
+    jax.clear_caches()
+    yield monkeypatch.setattr
+    monkeypatch.undo()
+    jax.clear_caches()
+
+
+def test_default_is_the_portable_program_on_the_cpu():
+    for grad in (False, True):
+        assert lowered(None, "cpu", grad=grad) == lowered("xla", "cpu", grad=grad)
+
+
+def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
+    # Linear forwards, and linear gradients in half precision: the kernel.
+    assert TRITON_CALL in lowered(None, "cuda")
+    assert TRITON_CALL in lowered(None, "cuda", dtype=jnp.bfloat16, grad=True)
+    assert TRITON_CALL not in lowered(None, "cpu")
+    # Nearest neighbour, float32 linear gradients and float64: XLA's program.
+    assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
+    assert TRITON_CALL not in lowered(None, "cuda", grad=True)
+    assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
+
+
+def test_default_falls_back_without_pallas(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_pallas, "AVAILABLE", False)
+    assert TRITON_CALL not in lowered(None, "cuda")
+    with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
+        lowered("pallas", "cpu")
+
+
+def test_explicit_pallas_raises_on_another_backend(patch):
+    patch(_implementation, "_backend_platform", lambda: "tpu")
+    with pytest.raises(ValueError, match=r"resample: implementation='pallas' runs on CUDA GPUs"):
+        lowered("pallas", "cpu")
+
+
+def test_xla_never_uses_the_kernel(patch):
+    patch(_implementation, "_has_cuda", lambda: True)
+    assert TRITON_CALL not in lowered("xla", "cuda")
+
+
+@pytest.mark.parametrize("bad", ["triton", "XLA", 1])
+def test_bad_implementation(bad):
+    x = jnp.ones((2, 3))
+    with pytest.raises(ValueError, match=r"^resample: implementation must be None"):
+        jaxgrad.resample(x, (1, 2), implementation=bad)
+    with pytest.raises(ValueError, match=r"^resample_grad: implementation must be None"):
+        jaxgrad.resample_grad(x, (2, 3), (1, 1), implementation=bad)
+    with pytest.raises(ValueError, match=r"^resize: implementation must be None"):
+        jaxgrad.resize(x, (2, 6), implementation=bad)
+
+
+# ----------------------------------------------------------------------------------
+# The kernel lowers for CUDA (Triton), checked on the CPU
+# ----------------------------------------------------------------------------------
+
+LOWERING_CASES = [
+    # (shape, scales, mode, dtype): NCHW and NHWC 2-D, a 3-D volume, one long axis
+    # at 1000x (looped taps), a 1-D axis, integers.
+    ((2, 4, 16, 16), (1, 1, 2, 2), "linear", jnp.bfloat16),
+    ((2, 16, 16, 4), (1, 0.5, 1.7, 1), "linear", jnp.float16),
+    ((1, 2, 8, 8, 8), (1, 1, 2, 2, 2), "linear", jnp.float32),
+    ((2, 3, 8), (1, 1, 1000.0), "linear", jnp.float32),
+    ((9,), (2.5,), "nearest", jnp.float32),
+    ((2, 3, 8, 8), (1, 1, 2, 0.5), "nearest", jnp.int32),
+]
+
+
+@pytest.mark.parametrize("case", LOWERING_CASES, ids=lambda c: f"{c[1]}-{c[2]}")
+def test_kernel_lowers_for_cuda(case):
+    # Builds the kernel's Triton program, as a GPU run would before compiling it:
+    # an operation the Triton backend cannot lower fails here, without a GPU.
+    shape, scales, mode, dtype = case
+    kw = dict(mode=mode, **KERNEL)
+
+    def lower(fn, arg):
+        return jax.jit(fn).trace(arg).lower(lowering_platforms=("cuda",)).as_text()
+
+    forward = lambda x: jaxgrad.resample(x, scales, **kw)  # noqa: E731
+    x = jax.ShapeDtypeStruct(shape, dtype)
+    assert lower(forward, x).count(TRITON_CALL) == 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        dy = jax.eval_shape(forward, x)
+        backward = lambda dy: jaxgrad.resample_grad(dy, shape, scales, **kw)  # noqa: E731
+        assert lower(backward, dy).count(TRITON_CALL) == 1
