@@ -1,4 +1,4 @@
-"""What the depthwise Pallas kernels compile to for an H100, measured without a GPU.
+"""What the Pallas kernels compile to for an H100, measured without a GPU.
 
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a]
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 import jaxgrad
 
-CASES = {
+DEPTHWISE_CASES = {
     # name: (input shape, filter shape, stride, data_format, dtype)
     "[32,112,112,96] 3x3 s1 NHWC bf16": ((32, 112, 112, 96), (3, 3, 96, 1), 1, "NHWC", "bfloat16"),
     "[32,112,112,96] 3x3 s1 NCHW f32": ((32, 96, 112, 112), (3, 3, 96, 1), 1, "NCHW", "float32"),
@@ -36,12 +36,35 @@ CASES = {
     "[32,112,112,32] 3x3 M2 NHWC bf16": ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", "bfloat16"),
     "[8,64,64,32] 7x7 s1 NHWC f32": ((8, 64, 64, 32), (7, 7, 32, 1), 1, "NHWC", "float32"),
 }
+RESAMPLE_CASES = {
+    # name: (input shape, scales, mode, dtype)
+    "[32,64,256,256] NCHW linear 2x bf16": ((32, 64, 256, 256), (1, 1, 2, 2), "linear", "bfloat16"),
+    "[32,256,256,64] NHWC linear 2x bf16": ((32, 256, 256, 64), (1, 2, 2, 1), "linear", "bfloat16"),
+    "[32,256,256,64] NHWC linear 0.5x f32": (
+        (32, 256, 256, 64),
+        (1, 0.5, 0.5, 1),
+        "linear",
+        "float32",
+    ),
+    "[32,64,256,256] NCHW linear 1.7x f32": (
+        (32, 64, 256, 256),
+        (1, 1, 1.7, 1.7),
+        "linear",
+        "float32",
+    ),
+    "[4,32,64,64,64] NCDHW linear 2x f32": (
+        (4, 32, 64, 64, 64),
+        (1, 1, 2, 2, 2),
+        "linear",
+        "float32",
+    ),
+}
 VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
 GLOBAL_LOAD = re.compile(r"ld\.global")
 
 
-def triton_modules(x_shape, f_shape, stride, data_format, dtype) -> list[tuple[str, str]]:
-    """(kernel name, Triton IR text) of every kernel in one gradient step, for CUDA."""
+def triton_modules(fn, *args) -> list[tuple[str, str]]:
+    """(kernel name, Triton IR text) of every kernel in ``jax.jit(fn)(*args)``, for CUDA."""
     from jax._src.pallas.triton import pallas_call_registration as registration
 
     lower = registration.lowering.lower_jaxpr_to_triton_module
@@ -53,6 +76,17 @@ def triton_modules(x_shape, f_shape, stride, data_format, dtype) -> list[tuple[s
         modules.append((re.search(r"module @(\w+)", text)[1], text))
         return result
 
+    registration.lowering.lower_jaxpr_to_triton_module = recording
+    try:
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    finally:
+        registration.lowering.lower_jaxpr_to_triton_module = lower
+    return modules
+
+
+def depthwise_step(x_shape, f_shape, stride, data_format, dtype):
+    """A gradient step through the depthwise kernels: all three of them."""
+
     def loss(x, f):
         y = jaxgrad.depthwise_conv2d(
             x, f, (stride, stride), "SAME", data_format=data_format, implementation="pallas"
@@ -61,12 +95,17 @@ def triton_modules(x_shape, f_shape, stride, data_format, dtype) -> list[tuple[s
 
     x = jax.ShapeDtypeStruct(x_shape, jnp.dtype(dtype))
     f = jax.ShapeDtypeStruct(f_shape, jnp.dtype(dtype))
-    registration.lowering.lower_jaxpr_to_triton_module = recording
-    try:
-        jax.jit(jax.grad(loss, (0, 1))).trace(x, f).lower(lowering_platforms=("cuda",))
-    finally:
-        registration.lowering.lower_jaxpr_to_triton_module = lower
-    return modules
+    return jax.grad(loss, (0, 1)), x, f
+
+
+def resample_step(shape, scales, mode, dtype):
+    """A gradient step through the resample kernel: forward and gradient."""
+
+    def loss(x):
+        y = jaxgrad.resample(x, scales, mode=mode, implementation="pallas")
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    return jax.grad(loss), jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
 
 
 def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
@@ -108,8 +147,10 @@ def main() -> None:
     print("| case | kernel | registers | spilled bytes | shared bytes | 128-bit loads |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for case, config in CASES.items():
-            for name, ir in triton_modules(*config):
+        steps = [(case, depthwise_step(*c)) for case, c in DEPTHWISE_CASES.items()]
+        steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
+        for case, (fn, *fn_args) in steps:
+            for name, ir in triton_modules(fn, *fn_args):
                 r = compile_report(ir, args.arch, pathlib.Path(tmp))
                 print(
                     f"| {case} | {name} | {r['registers']} | {r['spilled']} | {r['shared']} "

@@ -165,12 +165,21 @@ def _kernel(
     chans_inside, cols_inside = chans < channels, cols < cols_out
     col_lanes = launch.index(cols, cols_out)
 
-    def col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
+    def load_col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
         """Column tap ``t`` of every lane: the input column (-1: none) and its weight."""
         t = jnp.asarray(t, jnp.int32)  # interpret mode wants array indices
         index = plgpu.load(col_index_ref.at[col_lanes, t], mask=cols_inside, other=-1)
         weight = plgpu.load(col_weight_ref.at[col_lanes, t], mask=cols_inside, other=0)
-        return index, weight
+        return index, weight.astype(dtype)
+
+    # The columns' taps are the same for every row: a few are loaded once, before
+    # the row loop; many are loaded where they are used.
+    col_taps = int(col_index_ref.shape[1])
+    if col_taps <= _MAX_UNROLLED_TAPS:
+        loaded = [load_col_tap(t) for t in range(col_taps)]
+        col_tap: Callable[[Any], tuple[jax.Array, jax.Array]] = lambda t: loaded[t]  # noqa: E731
+    else:
+        col_tap = load_col_tap
 
     def read(in_row: Any, row_ok: Any, in_cols: jax.Array) -> jax.Array:
         """The ``[cols, channels]`` tile of input row ``in_row`` at the columns
@@ -210,7 +219,6 @@ def _kernel(
                 weight = weight * plgpu.load(weight_ref.at[out_index, tap])
             return in_row, ok, weight
 
-        col_taps = int(col_index_ref.shape[1])
         zero = jnp.zeros((launch.cols, launch.channels), dtype)
         if exact:  # one tap per axis, weight 1: move the value
             in_row, ok, _ = row_tap(0)
@@ -222,7 +230,7 @@ def _kernel(
 
                 def col_term(u: Any) -> jax.Array:
                     index, weight = col_tap(u)
-                    return read(in_row, ok, index) * weight.astype(dtype)[:, None]
+                    return read(in_row, ok, index) * weight[:, None]
 
                 return _sum(col_taps, col_term, zero) * jnp.asarray(row_weight, dtype)
 
