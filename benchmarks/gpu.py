@@ -1,19 +1,24 @@
-"""The depthwise ops on a CUDA GPU: correctness, reproducibility across processes, speed.
+"""jaxgrad on a CUDA GPU: correctness, reproducibility across processes, speed.
 
     python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
+                             [--sections depthwise resample train]
 
 One command, under 8 minutes on an H100. It prints (and writes as JSON):
 
 1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
-2. Correctness: every depthwise op in both implementations ("xla", "pallas"),
-   against a float64 reference computed on the CPU (the portable
-   implementation in float64), as the relative error ||got - want|| / ||want||.
+2. Correctness: every depthwise op, and resample and its gradient, in both
+   implementations ("xla", "pallas"), against a float64 reference computed on
+   the CPU (the portable implementation in float64), as the relative error
+   ||got - want|| / ||want||.
 3. Reproducibility: tests/determinism_check.py --size large in three fresh
    processes, compared digest by digest (every op of every family).
 4. Speed of each depthwise op: jaxgrad (default, "xla", "pallas"), lax and its
    VJPs (cuDNN), PyTorch CUDA (the faster of NCHW and channels_last), against the
    copy roofline: the bytes the op must read and write over a measured device copy.
-5. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock ops.
+5. Speed of resample and its gradient: jaxgrad (default, "xla", "pallas"),
+   ``jax.image.resize`` and its VJP, PyTorch CUDA's ``interpolate`` and its
+   backward (in the layout's memory format), against the copy roofline.
+6. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock ops.
 
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
@@ -56,6 +61,14 @@ LAYOUTS = ("NHWC", "NCHW")
 DTYPES = ("bfloat16", "float32")
 OPS = ("forward", "backprop_input", "backprop_filter")
 IMPLEMENTATIONS = {"default": None, "xla": "xla", "pallas": "pallas"}
+RESAMPLE_LAYOUTS = {
+    # layout: (shape, resampled axes)
+    "NCHW": ((32, 64, 256, 256), (2, 3)),
+    "NHWC": ((32, 256, 256, 64), (1, 2)),
+}
+RESAMPLE_SCALES = (2.0, 0.5, 1.7)
+RESAMPLE_VOLUME = ("NCDHW", (4, 32, 64, 64, 64), (2, 3, 4))  # linear 2x only
+SECTIONS = ("depthwise", "resample", "train")
 
 
 # --------------------------------------------------------------------------------------
@@ -349,6 +362,167 @@ def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
     return dict(batch=batch, size=size, **ms)
 
 
+# --------------------------------------------------------------------------------------
+# Resample
+# --------------------------------------------------------------------------------------
+
+
+def resample_cases(smoke: bool):
+    """(layout, shape, resampled axes, mode, scale) of every timed case."""
+    cases = [
+        (layout, shape, axes, mode, scale)
+        for layout, (shape, axes) in RESAMPLE_LAYOUTS.items()
+        for mode in ("nearest", "linear")
+        for scale in RESAMPLE_SCALES
+    ]
+    cases.append((*RESAMPLE_VOLUME, "linear", 2.0))
+    if smoke:
+        small = {4: (2, 8, 8, 4), 5: (1, 2, 4, 4, 4)}
+        cases = [(lay, small[len(sh)], ax, m, s) for lay, sh, ax, m, s in cases]
+    return cases
+
+
+def resample_shapes(shape: tuple, axes: tuple, scale: float) -> tuple[tuple, tuple]:
+    """The scales per axis and the output shape."""
+    scales = tuple(scale if d in axes else 1.0 for d in range(len(shape)))
+    out = tuple(int(np.floor(n * s)) for n, s in zip(shape, scales, strict=True))
+    return scales, out
+
+
+def jaxgrad_resample(shape: tuple, scales: tuple, mode: str, impl: str | None) -> dict:
+    kw = dict(mode=mode, implementation=impl)
+    return {
+        "forward": jax.jit(lambda x: jaxgrad.resample(x, scales, **kw)),
+        "backward": jax.jit(lambda dy: jaxgrad.resample_grad(dy, shape, scales, **kw)),
+    }
+
+
+def image_resize(shape: tuple, out: tuple, mode: str) -> dict:
+    """jax.image.resize and its VJP (which antialiases when shrinking: its cost)."""
+    method = "linear" if mode == "linear" else "nearest"
+
+    def resize(x):
+        return jax.image.resize(x, out, method)
+
+    del shape
+    return {
+        "forward": jax.jit(resize),
+        "backward": jax.jit(lambda x, dy: jax.vjp(resize, x)[1](dy)[0]),
+    }
+
+
+def torch_resample(torch: Any, x: Any, dy: Any, axes: tuple, out: tuple, scale: float, mode: str):
+    """interpolate and its backward as zero-argument calls, in the memory format of
+    the layout (channels_last for NHWC). Its linear mode is jaxgrad's (half-pixel);
+    its "nearest" floors asymmetric coordinates, other samples for the same work."""
+    aten = torch.ops.aten
+    channels_last = axes == (1, 2)
+    to_torch = (lambda a: a.permute(0, 3, 1, 2)) if channels_last else (lambda a: a)
+    tx, tdy = to_torch(x), to_torch(dy)
+    spatial = [out[d] for d in axes]
+    in_size = list(tx.shape)
+    scales = [scale] * len(axes)
+    torch_mode = {2: "bilinear", 3: "trilinear"}[len(axes)] if mode == "linear" else "nearest"
+    kw = {"align_corners": False} if mode == "linear" else {}
+
+    def forward():
+        return torch.nn.functional.interpolate(tx, scale_factor=scale, mode=torch_mode, **kw)
+
+    if mode == "linear":
+        grad = {2: aten.upsample_bilinear2d_backward, 3: aten.upsample_trilinear3d_backward}
+        backward = partial(grad[len(axes)], tdy, spatial, in_size, False, *scales)
+    else:
+        backward = partial(aten.upsample_nearest2d_backward, tdy, spatial, in_size, *scales)
+    return {"forward": forward, "backward": backward}
+
+
+def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
+    """Relative errors against float64 on the CPU, on small arrays of every case."""
+    cpu = jax.devices("cpu")[0]
+    small = {"NCHW": (2, 8, 64, 64), "NHWC": (2, 64, 64, 8), "NCDHW": (1, 4, 16, 16, 16)}
+    rows = []
+    for layout, shape, axes, mode, scale in resample_cases(smoke):
+        shape = shape if smoke else small[layout]
+        scales, out = resample_shapes(shape, axes, scale)
+        x = rng.normal(size=shape).astype(np.float32)
+        dy = rng.normal(size=out).astype(np.float32)
+        for dtype in (*DTYPES, "float16"):
+            # The reference sees the rounded operands: only the computation's error remains.
+            xr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, dy))
+            with jax.default_device(cpu), jax.enable_x64(True):
+                ops = jaxgrad_resample(shape, scales, mode, "xla")
+                ref = {"forward": np.asarray(ops["forward"](xr))}
+                ref["backward"] = np.asarray(ops["backward"](dyr))
+            args = {"forward": jnp.asarray(x, dtype), "backward": jnp.asarray(dy, dtype)}
+            for label in ("xla", "pallas"):  # the default is one of them
+                ops = jaxgrad_resample(shape, scales, mode, label)
+                for op in ("forward", "backward"):
+                    got = np.asarray(ops[op](args[op]), np.float64)
+                    err = float(np.linalg.norm(got - ref[op]) / np.linalg.norm(ref[op]))
+                    case = f"{layout} {mode} {scale}x"
+                    rows.append(dict(case=case, dtype=dtype, impl=label, op=op, error=err))
+                    print(f"  {case:<20} {dtype:<9} {label:<7} {op:<9} {err:.2e}", flush=True)
+    return rows
+
+
+def resample_speed(
+    rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any, smoke: bool
+) -> list[dict]:
+    rows = []
+    for layout, shape, axes, mode, scale in resample_cases(smoke):
+        scales, out = resample_shapes(shape, axes, scale)
+        for dtype in DTYPES:
+            x = jnp.asarray(rng.normal(size=shape), dtype)
+            dy = jnp.asarray(rng.normal(size=out), dtype)
+            theirs = {}
+            if torch is not None:
+                tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+                tx, tdy = (
+                    torch.tensor(np.asarray(a, np.float32)).to("cuda", tdtype) for a in (x, dy)
+                )
+                theirs = torch_resample(torch, tx, tdy, axes, out, scale, mode)
+            peer = image_resize(shape, out, mode)
+            for op in ("forward", "backward"):
+                calls = {}
+                for label, impl in IMPLEMENTATIONS.items():
+                    fn = jaxgrad_resample(shape, scales, mode, impl)[op]
+                    calls[f"jaxgrad {label}"] = partial(fn, x if op == "forward" else dy)
+                calls["jax.image"] = (
+                    partial(peer["forward"], x) if op == "forward" else partial(peer[op], x, dy)
+                )
+                if theirs:
+                    calls["torch"] = theirs[op]
+                ms = rounds_ms(calls, rounds)
+                roof = 1e3 * nbytes(x, dy) / bandwidth
+                row = dict(
+                    case=f"{list(shape)} {layout} {mode} {scale}x",
+                    dtype=dtype,
+                    op=op,
+                    roofline=roof,
+                    torch=ms.pop("torch", None),
+                    **ms,
+                )
+                row["default_over_roofline"] = ms["jaxgrad default"] / roof
+                rows.append(row)
+                print(
+                    f"  {row['case']:<36} {dtype:<8} {op:<8} roof {roof:.3f}  "
+                    + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
+                    + (f"  torch {row['torch']:.3f}" if row["torch"] is not None else "")
+                    + f"  default/roofline {row['default_over_roofline']:.2f}",
+                    flush=True,
+                )
+    return rows
+
+
+def _worst(rows: list[dict]) -> list[str]:
+    worst: dict[tuple[str, str, str], float] = {}
+    for r in rows:
+        key = (r["dtype"], r["impl"], r["op"])
+        worst[key] = max(worst.get(key, 0.0), r["error"])
+    lines = ["| dtype | implementation | op | worst relative error |", "|---|---|---|---|"]
+    return lines + [f"| {d} | {i} | {o} | {e:.2e} |" for (d, i, o), e in sorted(worst.items())]
+
+
 def render(results: dict) -> str:
     """The results as markdown tables, for the docs' GPU section."""
     m = results["machine"]
@@ -356,25 +530,40 @@ def render(results: dict) -> str:
         f"{m['device']}, driver {m['driver']}, jax {m['jax']}, jaxlib {m['jaxlib']}, "
         f"torch {m['torch']}, triton {m['triton']}; copy roofline "
         f"{results['copy_bandwidth_GBps']:.0f} GB/s.",
-        "",
-        "| case | layout | dtype | op | roofline | default | xla | pallas | lax | torch "
-        "| default / best peer | default / roofline |",
-        "|" + "---|" * 12,
     ]
-    for r in results["speed"]:
-        torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
-        lines.append(
-            f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
-            f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} | {r['jaxgrad pallas']:.3f} "
-            f"| {r['lax']:.3f} | {torch_ms} | {r['default_over_best_peer']:.2f} "
-            f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
-        )
-    worst: dict[tuple[str, str, str], float] = {}
-    for r in results["correctness"]:
-        key = (r["dtype"], r["impl"], r["op"])
-        worst[key] = max(worst.get(key, 0.0), r["error"])
-    lines += ["", "| dtype | implementation | op | worst relative error |", "|---|---|---|---|"]
-    lines += [f"| {d} | {i} | {o} | {e:.2e} |" for (d, i, o), e in sorted(worst.items())]
+    if "speed" in results:
+        lines += [
+            "",
+            "| case | layout | dtype | op | roofline | default | xla | pallas | lax | torch "
+            "| default / best peer | default / roofline |",
+            "|" + "---|" * 12,
+        ]
+        for r in results["speed"]:
+            torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
+            lines.append(
+                f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
+                f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} "
+                f"| {r['jaxgrad pallas']:.3f} | {r['lax']:.3f} | {torch_ms} "
+                f"| {r['default_over_best_peer']:.2f} "
+                f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
+            )
+        lines += ["", *_worst(results["correctness"])]
+    if "resample_speed" in results:
+        lines += [
+            "",
+            "| case | dtype | op | roofline | default | xla | pallas | jax.image | torch "
+            "| default / roofline |",
+            "|" + "---|" * 10,
+        ]
+        for r in results["resample_speed"]:
+            torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
+            lines.append(
+                f"| {r['case']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
+                f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} "
+                f"| {r['jaxgrad pallas']:.3f} | {r['jax.image']:.3f} | {torch_ms} "
+                f"| {r['default_over_roofline']:.2f} |"
+            )
+        lines += ["", *_worst(results["resample_correctness"])]
     if "determinism" in results:
         patterns = results["determinism"]["bit_patterns"]
         differ = [name for name, n in patterns.items() if n > 1]
@@ -384,13 +573,14 @@ def render(results: dict) -> str:
             f"bit pattern: {len(differ)} of {len(patterns)}"
             + (f" ({', '.join(differ)})" if differ else ""),
         ]
-    t = results["train_step"]
-    lines += [
-        "",
-        f"U-Net step, batch {t['batch']} of {t['size']}x{t['size']}: "
-        f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
-        f"({t['stock'] / t['jaxgrad']:.2f}x).",
-    ]
+    if "train_step" in results:
+        t = results["train_step"]
+        lines += [
+            "",
+            f"U-Net step, batch {t['batch']} of {t['size']}x{t['size']}: "
+            f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
+            f"({t['stock'] / t['jaxgrad']:.2f}x).",
+        ]
     return "\n".join(lines)
 
 
@@ -399,6 +589,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     parser.add_argument("--skip-determinism", action="store_true")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help="which timed sections to run (default: all)",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -417,17 +614,24 @@ def main() -> None:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
     print("machine:", json.dumps(results.setdefault("machine", environment())))
-    print("correctness (relative error against float64):")
-    results["correctness"] = correctness(rng)
     if not (args.skip_determinism or args.smoke):
         print("reproducibility in 3 fresh processes:")
         results["determinism"] = determinism()
     bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)
     results["copy_bandwidth_GBps"] = bandwidth / 1e9
-    print(f"speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
-    results["speed"] = speed(rng, bandwidth, args.rounds, torch)
-    print("U-Net training step:")
-    results["train_step"] = train_step(args.rounds, *((2, 16) if args.smoke else ()))
+    if "depthwise" in args.sections:
+        print("depthwise correctness (relative error against float64):")
+        results["correctness"] = correctness(rng)
+        print(f"depthwise speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
+        results["speed"] = speed(rng, bandwidth, args.rounds, torch)
+    if "resample" in args.sections:
+        print("resample correctness (relative error against float64):")
+        results["resample_correctness"] = resample_correctness(rng, args.smoke)
+        print(f"resample speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
+        results["resample_speed"] = resample_speed(rng, bandwidth, args.rounds, torch, args.smoke)
+    if "train" in args.sections:
+        print("U-Net training step:")
+        results["train_step"] = train_step(args.rounds, *((2, 16) if args.smoke else ()))
     print()
     print(render(results))
     if args.json:
