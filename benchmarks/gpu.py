@@ -58,7 +58,8 @@ CASES = [
     ("[32,112,112,32] 3x3 s1 M2", (32, 112, 112, 32), (3, 3, 2), 1),
 ]
 LAYOUTS = ("NHWC", "NCHW")
-DTYPES = ("bfloat16", "float32")
+DTYPES = ["bfloat16", "float32"]  # timed
+CHECKED_DTYPES = [*DTYPES, "float16"]  # checked against float64
 OPS = ("forward", "backprop_input", "backprop_filter")
 IMPLEMENTATIONS = {"default": None, "xla": "xla", "pallas": "pallas"}
 RESAMPLE_LAYOUTS = {
@@ -220,7 +221,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
         f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
         oh, ow = -(-h // stride), -(-w // stride)
         dy = rng.normal(size=(4, oh, ow, c * m)).astype(np.float32)
-        for dtype in (*DTYPES, "float16"):
+        for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, fr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, f, dy))
             with jax.default_device(cpu), jax.enable_x64(True):
@@ -376,9 +377,10 @@ def resample_cases(smoke: bool):
         for scale in RESAMPLE_SCALES
     ]
     cases.append((*RESAMPLE_VOLUME, "linear", 2.0))
-    if smoke:
+    if smoke:  # one linear case per layout, on tiny arrays
         small = {4: (2, 8, 8, 4), 5: (1, 2, 4, 4, 4)}
         cases = [(lay, small[len(sh)], ax, m, s) for lay, sh, ax, m, s in cases]
+        cases = [c for c in cases if c[3:] == ("linear", 2.0)]
     return cases
 
 
@@ -446,7 +448,7 @@ def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
         scales, out = resample_shapes(shape, axes, scale)
         x = rng.normal(size=shape).astype(np.float32)
         dy = rng.normal(size=out).astype(np.float32)
-        for dtype in (*DTYPES, "float16"):
+        for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, dy))
             with jax.default_device(cpu), jax.enable_x64(True):
@@ -599,12 +601,13 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny shapes on any backend, no PyTorch: checks that the script runs",
+        help="a few tiny cases on any backend, no PyTorch: checks that the script runs",
     )
     args = parser.parse_args()
     torch = None
     if args.smoke:
-        CASES[:] = [(name, (2, 9, 10, 4 * m), k, s) for name, _, k, s in CASES for m in [k[2]]]
+        CASES[:] = [(name, (2, 9, 10, 4 * m), k, s) for name, _, k, s in CASES[-1:] for m in [k[2]]]
+        DTYPES[:] = CHECKED_DTYPES[:] = ["float32"]
         args.rounds = 1
     elif jax.default_backend() != "gpu":
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU as JAX's default backend")

@@ -1,0 +1,23 @@
+"""The GPU benchmark runs: ``benchmarks/gpu.py --smoke`` takes a few tiny cases
+through every section on the CPU (kernels interpreted, no PyTorch), so the script a
+GPU machine runs is not first tried there."""
+
+import json
+
+from helpers import run_script
+
+
+def test_gpu_benchmark_smoke(tmp_path):
+    out = tmp_path / "gpu.json"
+    result = run_script("benchmarks/gpu.py", "--smoke", "--skip-determinism", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+    for section in ("correctness", "resample_correctness"):
+        assert {row["impl"] for row in results[section]} == {"xla", "pallas"}, section
+        # float32 against float64: both implementations are accurate to rounding.
+        assert max(row["error"] for row in results[section]) < 1e-6, section
+    for section in ("speed", "resample_speed"):
+        row = results[section][0]
+        assert all(row[f"jaxgrad {label}"] > 0 for label in ("default", "xla", "pallas"))
+    assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
+    assert "| default / roofline |" in result.stdout
