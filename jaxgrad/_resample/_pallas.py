@@ -63,10 +63,6 @@ class _Tables:
     index: jax.Array
     weights: jax.Array
 
-    @property
-    def taps(self) -> int:
-        return int(self.index.shape[1])
-
 
 def _tables(plan: _plan.Plan, dtype: Any) -> _Tables:
     """A plan's rows, listed as constants on a short axis or one without a
@@ -111,12 +107,14 @@ class _Launch:
         return jnp.clip(lanes, 0, size - 1)
 
 
-def _launch(out_cols: int, channels: int, interpret: bool) -> _Launch:
+def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
+    """The tiles for an output viewed as ``[batch, rows, columns, channels]``."""
+    _, rows, cols, channels = out
     # Loads are coalesced along the array's minor axis: the channels, or the
     # columns when there are none (a resampled last axis).
     chans = min(pl.next_power_of_2(channels), _MAX_CHANNELS)
-    cols = min(pl.next_power_of_2(out_cols), _TILE // chans)
-    return _Launch(cols=cols, channels=chans, rows=_ROWS, interpret=interpret)
+    cols = min(pl.next_power_of_2(cols), _TILE // chans)
+    return _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
 
 
 def _lanes(block: Any, size: int) -> jax.Array:
@@ -196,8 +194,10 @@ def _kernel(
     def output_row(r: Any, carry: None) -> None:
         o = first + r
         # The output row's index along each row axis (the last varies fastest).
+        # Past the last row (a short last block) the tables are read at the last
+        # row, inside them, and nothing is stored.
         out_indices: list[Any] = []
-        rest = o
+        rest = jnp.minimum(o, rows_out - 1)
         for _, size in reversed(row_axes):
             out_indices.insert(0, rest % size)
             rest = rest // size
@@ -335,7 +335,7 @@ def apply(
         return jnp.zeros(out_shape, x.dtype)
     source = _dtypes(work, x.dtype)[0]
     view_out = _view(out_shape, first, last)
-    launch = _launch(view_out[2], view_out[3], interpret)
+    launch = _launch(view_out, interpret)
     params = None
     if not interpret:
         params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
