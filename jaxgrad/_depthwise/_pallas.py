@@ -29,16 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxgrad import _checks
+from jaxgrad import _checks, _kernels
 from jaxgrad._depthwise._plan import Conv
-
-try:
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
-except ImportError:  # a JAX without Pallas' Triton backend
-    AVAILABLE = False
+from jaxgrad._kernels import AVAILABLE as AVAILABLE
+from jaxgrad._kernels import pl, plgpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,19 +64,8 @@ class _Launch:
         )(*args)
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
-        """``lanes`` as indices into an axis of ``size``, for a masked access.
-
-        On the GPU a masked lane touches no memory, and indices left as an
-        ``arange`` plus an offset let Triton vectorize the access. Interpret mode
-        gathers and scatters for real: a load's masked lanes are clamped into the
-        array, and a store's point one past its end, where the scatter drops them
-        (clamped, they would overwrite the lane that owns that element).
-        """
-        if not self.interpret:
-            return lanes
-        if store:
-            return jnp.where(lanes < size, lanes, size)
-        return jnp.clip(lanes, 0, size - 1)
+        """``lanes`` as indices into an axis of ``size``, for a masked access."""
+        return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
 def _launch(conv: Conv, interpret: bool, rows: int = 8) -> _Launch:
@@ -190,12 +173,6 @@ def _input_channels(out_chans: jax.Array, conv: Conv) -> jax.Array:
     return out_chans // conv.multiplier
 
 
-def _lanes(block: Any, size: int) -> jax.Array:
-    """The ``size`` consecutive indices of block ``block``."""
-    lanes: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
-    return lanes
-
-
 def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
     """Zeros when there is nothing to compute (a zero-size array anywhere)."""
     sizes = (conv.batch, conv.channels, conv.multiplier, *conv.in_size, *conv.out_size)
@@ -211,8 +188,8 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     dtype = _checks.compute_dtype(x_ref.dtype)
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
-    out_chans = _lanes(pl.program_id(1), launch.channels)
-    out_cols = _lanes(pl.program_id(2), launch.cols)
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    out_cols = _kernels.lanes(pl.program_id(2), launch.cols)
     in_chans = _input_channels(out_chans, conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
@@ -293,8 +270,8 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     m = conv.multiplier
     row_blocks = pl.cdiv(conv.in_size[0], launch.rows)
     n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
-    chans = _lanes(pl.program_id(1), launch.channels)
-    cols = _lanes(pl.program_id(2), launch.cols)
+    chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    cols = _kernels.lanes(pl.program_id(2), launch.cols)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fh, fw = conv.kernel
@@ -355,7 +332,7 @@ def _partials_kernel(
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program = pl.program_id(0)
     n, first = program // row_blocks, program % row_blocks * launch.rows
-    out_chans = _lanes(pl.program_id(1), launch.channels)
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_channels(out_chans, conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
@@ -369,7 +346,7 @@ def _partials_kernel(
             row_inside = i < conv.out_size[0]
 
             def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-                cols = _lanes(c, launch.cols)
+                cols = _kernels.lanes(c, launch.cols)
                 cols_inside = cols < conv.out_size[1]
                 grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
                 new = []
@@ -423,11 +400,11 @@ def _sum_kernel(part_ref: Any, out_ref: Any, *, launch: _Launch) -> None:
     ``_SUM_PROGRAMS`` rows is summed as one tree (the same shape every time), and
     the blocks' sums one after another."""
     programs, size = part_ref.shape
-    lanes = _lanes(pl.program_id(0), _SUM_LANES)
+    lanes = _kernels.lanes(pl.program_id(0), _SUM_LANES)
     inside = lanes < size
 
     def add_block(b: Any, total: jax.Array) -> jax.Array:
-        rows = _lanes(b, _SUM_PROGRAMS)
+        rows = _kernels.lanes(b, _SUM_PROGRAMS)
         block = plgpu.load(
             part_ref.at[launch.index(rows, programs)[:, None], launch.index(lanes, size)[None, :]],
             mask=(rows < programs)[:, None] & inside[None, :],

@@ -32,17 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgrad import _checks
+from jaxgrad import _checks, _kernels
+from jaxgrad._kernels import AVAILABLE as AVAILABLE
+from jaxgrad._kernels import pl, plgpu
 from jaxgrad._resample import _plan
 from jaxgrad._resample._plan import Axis
-
-try:
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
-except ImportError:  # a JAX without Pallas' Triton backend
-    AVAILABLE = False
 
 # Output rows per program.
 _ROWS = 4
@@ -93,18 +87,8 @@ class _Launch:
     warps: int = 4
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
-        """``lanes`` as indices into an axis of ``size``, for a masked access.
-
-        On the GPU a masked lane touches no memory and the indices stay as they
-        are. Interpret mode gathers and scatters for real: a load's masked lanes
-        are clamped into the array, and a store's point one past its end, where
-        the scatter drops them.
-        """
-        if not self.interpret:
-            return lanes
-        if store:
-            return jnp.where(lanes < size, lanes, size)
-        return jnp.clip(lanes, 0, size - 1)
+        """``lanes`` as indices into an axis of ``size``, for a masked access."""
+        return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
 def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
@@ -115,12 +99,6 @@ def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
     chans = min(pl.next_power_of_2(channels), _MAX_CHANNELS)
     cols = min(pl.next_power_of_2(cols), _TILE // chans)
     return _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
-
-
-def _lanes(block: Any, size: int) -> jax.Array:
-    """The ``size`` consecutive indices of block ``block``."""
-    lanes: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
-    return lanes
 
 
 def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.Array:
@@ -158,8 +136,8 @@ def _kernel(
     rest, chan_block = divmod(rest, pl.cdiv(channels, launch.channels))
     b, row_block = divmod(rest, pl.cdiv(rows_out, launch.rows))
     first = row_block * launch.rows
-    chans = _lanes(chan_block, launch.channels)
-    cols = _lanes(col_block, launch.cols)
+    chans = _kernels.lanes(chan_block, launch.channels)
+    cols = _kernels.lanes(col_block, launch.cols)
     chans_inside, cols_inside = chans < channels, cols < cols_out
     col_lanes = launch.index(cols, cols_out)
 

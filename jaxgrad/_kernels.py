@@ -1,0 +1,41 @@
+"""What jaxgrad's Pallas kernels share: Pallas' Triton backend, and lane indices for
+masked loads and stores that behave the same compiled and interpreted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+try:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
+except ImportError:  # a JAX without Pallas' Triton backend
+    AVAILABLE = False
+
+__all__ = ["AVAILABLE", "lanes", "masked_index", "pl", "plgpu"]
+
+
+def lanes(block: Any, size: int) -> jax.Array:
+    """The ``size`` consecutive indices of block ``block``."""
+    indices: jax.Array = block * size + jnp.arange(size, dtype=jnp.int32)
+    return indices
+
+
+def masked_index(lanes: jax.Array, size: int, *, interpret: bool, store: bool = False) -> jax.Array:
+    """``lanes`` as indices into an axis of ``size``, for a masked access.
+
+    On the GPU a masked lane touches no memory, and indices left as an ``arange``
+    plus an offset let Triton vectorize the access. Interpret mode gathers and
+    scatters for real: a load's masked lanes are clamped into the array, and a
+    store's point one past its end, where the scatter drops them (clamped, they
+    would overwrite the lane that owns that element).
+    """
+    if not interpret:
+        return lanes
+    if store:
+        return jnp.where(lanes < size, lanes, size)
+    return jnp.clip(lanes, 0, size - 1)
