@@ -24,3 +24,14 @@ settings.load_profile("ci")
 @pytest.fixture(params=TRANSFORMS)
 def transform(request):
     return request.param
+
+
+@pytest.fixture
+def patch(monkeypatch):
+    """``monkeypatch.setattr`` for what an op's choice of implementation reads, with
+    JAX's caches cleared around it: the ops' compiled cores are traced once per
+    configuration, and a traced choice would outlive the patch."""
+    jax.clear_caches()
+    yield monkeypatch.setattr
+    monkeypatch.undo()
+    jax.clear_caches()

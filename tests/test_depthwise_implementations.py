@@ -214,17 +214,6 @@ def lowered(implementation, platform, dtype=jnp.float32):
     return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
-@pytest.fixture
-def patch(monkeypatch):
-    """``monkeypatch.setattr`` for what the choice of implementation reads, with
-    JAX's caches cleared around it: the ops' compiled cores are traced once per
-    configuration, and a traced choice would outlive the patch."""
-    jax.clear_caches()
-    yield monkeypatch.setattr
-    monkeypatch.undo()
-    jax.clear_caches()
-
-
 def test_default_is_the_portable_program_on_the_cpu():
     # No CUDA backend in the process: the default traces the portable arithmetic
     # alone, and the program is exactly the "xla" one.

@@ -225,16 +225,6 @@ def lowered(implementation, platform, *, mode="linear", dtype=jnp.float32, grad=
     return jax.jit(fn).trace(arg).lower(lowering_platforms=(platform,)).as_text()
 
 
-@pytest.fixture
-def patch(monkeypatch):
-    """``monkeypatch.setattr`` for what the choice of implementation reads, with
-    JAX's caches cleared around it: a traced choice would outlive the patch."""
-    jax.clear_caches()
-    yield monkeypatch.setattr
-    monkeypatch.undo()
-    jax.clear_caches()
-
-
 def test_default_is_the_portable_program_on_the_cpu():
     for grad in (False, True):
         assert lowered(None, "cpu", grad=grad) == lowered("xla", "cpu", grad=grad)
