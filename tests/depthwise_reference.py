@@ -119,10 +119,13 @@ def op_kwargs(cfg, data_format, four_ints=False):
 
 
 @st.composite
-def configs(draw):
+def configs(draw, kernel=(1, 5), min_taps=1):
+    """Random op configurations; filter sides drawn from ``kernel``, with at least
+    ``min_taps`` taps."""
     n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
-    fh, fw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    fh, fw = draw(st.integers(*kernel)), draw(st.integers(*kernel))
+    assume(fh * fw >= min_taps)
     strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dilations = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     padding = draw(st.sampled_from(["SAME", "VALID", "EXPLICIT"]))

@@ -114,6 +114,9 @@ def cases(size: str):
                     return y, vjp(y)
 
                 yield f"depthwise {implementation} {fmt} {tag}", conv_vjp, (xi, f)
+                if implementation != "pallas":  # a large filter: the XLA program's loop
+                    f7 = arr(7, 7, *filter_shape[2:])
+                    yield f"depthwise {implementation} 7x7 {fmt} {tag}", conv_vjp, (xi, f7)
 
 
 def main() -> None:

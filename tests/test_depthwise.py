@@ -47,6 +47,35 @@ def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+# Filters of more than 25 taps read padded copies, and their filter gradient loops
+# over kernel rows (so that compile time grows with the taps, not with taps times
+# blocks): the same properties over that formulation.
+@settings(max_examples=10)
+@given(
+    configs(kernel=(4, 9), min_taps=26),
+    st.sampled_from(["NHWC", "NCHW"]),
+    st.integers(0, 2**31 - 1),
+)
+def test_large_filters_match_reference(cfg, data_format, seed):
+    x, f, dy = random_operands(cfg, seed)
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy)
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+def test_large_filter_programs_hold_one_term_per_tap_and_block():
+    """The `jax.grad` program of a 9x9 filter: the forward and the input gradient
+    multiply each tap once in each of two row blocks, the filter gradient holds one
+    kernel row's terms (8 row blocks each). The blocked formulation of small filters
+    would hold over 40 multiplies per tap."""
+    x, f = jnp.zeros((2, 30, 30, 4), jnp.float32), jnp.zeros((9, 9, 4, 1), jnp.float32)
+    loss = lambda x, f: jnp.sum(jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME") ** 2)  # noqa: E731
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, f).as_text()
+    multiplies = len(re.findall(r"stablehlo\.multiply .*f32>$", text, re.MULTILINE))
+    assert multiplies <= 2 * 2 * 81 + 9 * 8 + 8, multiplies
+
+
 def lax_depthwise(x, f, cfg):
     """The second oracle: XLA's grouped convolution (NHWC)."""
     c, m = f.shape[2], f.shape[3]
@@ -88,7 +117,14 @@ def test_gradients_match_lax_autodiff(cfg, seed):
 
 # Every case, format and dtype under jit; the first case also eagerly and under vmap
 # (eager mode dispatches each tap separately, which makes the full grid slow).
-TRANSFORM_GRID = [(CASES[0], t) for t in TRANSFORMS] + [(case, "jit") for case in CASES[1:]]
+# A filter of 36 taps, strided and dilated, with a multiplier: the large-filter
+# formulation.
+LARGE_CASE = ((2, 13, 12, 3), (6, 6, 3, 2), (2, 1), (1, 2), "SAME", ((0, 0), (0, 0)))
+TRANSFORM_GRID = (
+    [(CASES[0], t) for t in TRANSFORMS]
+    + [(case, "jit") for case in CASES[1:]]
+    + [(LARGE_CASE, t) for t in ("jit", "vmap")]
+)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -146,8 +182,8 @@ CHECK_GRADS_GRID = [(i, "NHWC") for i in range(len(CASES))] + [(0, "NCHW"), (2, 
 
 @pytest.mark.parametrize(
     "case, data_format",
-    [(CASES[i], fmt) for i, fmt in CHECK_GRADS_GRID],
-    ids=[f"case{i}-{fmt}" for i, fmt in CHECK_GRADS_GRID],
+    [(CASES[i], fmt) for i, fmt in CHECK_GRADS_GRID] + [(LARGE_CASE, "NCHW")],
+    ids=[f"case{i}-{fmt}" for i, fmt in CHECK_GRADS_GRID] + ["large-NCHW"],
 )
 def test_check_grads_all_three(case, data_format):
     cfg = make_cfg(*case)

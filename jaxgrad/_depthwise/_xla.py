@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -76,6 +76,9 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
 # float32 or as 16-bit words, they measured slower. So does the strided input
 # gradient: blocks inside its interleaved phases made the loop slower. (The
 # measurements behind each rule are in the commit history and the design notes.)
+#
+# Large filters read padded copies (see `_few_taps`), isolated: every window comes
+# from the copy, and each op's output is two blocks of rows (`_Reader.runs`).
 @dataclasses.dataclass(frozen=True)
 class _Reader:
     """``reader(rows, cols)``: an array at those spatial positions, zero outside it."""
@@ -87,6 +90,8 @@ class _Reader:
     # ``array`` is float16, or bfloat16 held as its 16-bit words; each window is
     # widened to float32 after it is read.
     half: bool = False
+    # Padded for a large filter: the output is cut into two blocks of rows.
+    isolated: bool = False
 
     def __call__(self, rows: range, cols: range) -> jax.Array:
         if self.gathered:
@@ -103,13 +108,20 @@ class _Reader:
             )
         return window
 
-    def runs(self, out: int, n: int, offsets: Sequence[int], stride: int) -> list[range]:
+    def runs(
+        self, out: int, n: int, offsets: Sequence[int], stride: int, *, rows: bool
+    ) -> list[range]:
         """The blocks of ``range(out)`` along one axis whose windows are all inside or not.
 
         Output ``i`` reads positions ``i * stride + offset`` of an axis of length
         ``n``. Gathered, the outputs are cut before and after those that read
-        inside for every offset (empty blocks left out); padded, nothing is cut.
+        inside for every offset (empty blocks left out); padded, nothing is cut;
+        isolated, the rows are cut in two (``rows`` set), because XLA:CPU fuses
+        a sum that is one block into each of its consumers, computing it again in
+        each, but leaves a concatenation of blocks alone.
         """
+        if self.isolated and rows and out > 1:
+            return [range(out // 2), range(out // 2, out)]
         if not self.gathered:
             return [range(out)]
         first = min(out, max(0, -(min(offsets) // stride)))
@@ -119,11 +131,18 @@ class _Reader:
 
 
 def _reader(
-    v5: jax.Array, conv: Conv, pads: Sequence[tuple[int, int]], dtype: Any, *, gather: bool
+    v5: jax.Array,
+    conv: Conv,
+    pads: Sequence[tuple[int, int]],
+    dtype: Any,
+    *,
+    gather: bool,
+    isolate: bool = False,
 ) -> _Reader:
     """A reader of windows of ``v5`` as ``dtype``, gathered or sliced from a padded copy.
 
     ``pads`` bounds how far outside (before, after) any window reaches, per axis.
+    ``isolate`` (padded only) reads every window from the copy.
     """
     axes = _spatial_axes(conv)
     pads = tuple(pads)
@@ -140,11 +159,14 @@ def _reader(
     for axis, (before, after) in zip(axes, pads, strict=True):
         config[axis] = (before, after, 0)
     padded = lax.pad(v5, jnp.zeros((), v5.dtype), config)
-    if padded.dtype != dtype:
-        # Widened behind a barrier: XLA would otherwise read the windows that lie
-        # inside from a second, separately written float32 copy of ``v5``.
+    if padded.dtype != dtype or isolate:
+        # Behind a barrier, XLA reads every window from the copy. Otherwise it
+        # reads the windows that lie inside from ``v5``: from a second, separately
+        # written float32 copy of it when widening; from its producer fused into
+        # the sum when isolated, which XLA:CPU emits as a call where two blocks
+        # share it, leaving the loop unvectorized (11x11: 7x slower).
         padded = lax.optimization_barrier(padded.astype(dtype))  # type: ignore[no-untyped-call]
-    return _Reader(padded, axes, pads, gathered=False)
+    return _Reader(padded, axes, pads, gathered=False, isolated=isolate)
 
 
 def _slice_run(v: jax.Array, axis: int, run: range) -> jax.Array:
@@ -212,17 +234,33 @@ def _window_runs(read: _Reader, conv: Conv, axis: int, taps: Sequence[int]) -> l
     through the given taps."""
     before, d = conv.pads[axis][0], conv.dilations[axis]
     offsets = [t * d - before for t in taps]
-    return read.runs(conv.out_size[axis], conv.in_size[axis], offsets, conv.strides[axis])
+    return read.runs(
+        conv.out_size[axis], conv.in_size[axis], offsets, conv.strides[axis], rows=axis == 0
+    )
 
 
 def _taps(conv: Conv) -> list[tuple[int, int]]:
     return [(di, dj) for di in range(conv.kernel[0]) for dj in range(conv.kernel[1])]
 
 
+# XLA:CPU compiles every term of every block: with the up to nine blocks of
+# gathered reads, a 7x7 `jax.grad` took 4 s to compile, 11x11 over 12 s. Filters
+# with more taps than this read isolated padded copies instead (one or two blocks,
+# the filter gradient a loop over kernel rows), which compile in under a second
+# and ran as fast for 7x7 and 3x faster for 11x11; the blocked reads stay faster
+# for 3x3.
+_MAX_BLOCKED_TAPS = 25
+
+
+def _few_taps(conv: Conv) -> bool:
+    return conv.kernel[0] * conv.kernel[1] <= _MAX_BLOCKED_TAPS
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    gather = not conv.nchw or dtype == x.dtype
-    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather)
+    few = _few_taps(conv)
+    gather = few and (not conv.nchw or dtype == x.dtype)
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather, isolate=not few)
     f = f.astype(dtype)
 
     def block(rows: range, cols: range) -> jax.Array:
@@ -303,8 +341,9 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
         )
     ]
     (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
-    gather = (not conv.nchw or dtype == dy.dtype) and conv.strides == (1, 1)
-    read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather)
+    few = _few_taps(conv)
+    gather = few and (not conv.nchw or dtype == dy.dtype) and conv.strides == (1, 1)
+    read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather, isolate=not few)
 
     def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
         if not h_taps or not w_taps:  # no tap reaches this residue class
@@ -330,8 +369,8 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
                 (lax.slice_in_dim(total, q, q + 1, axis=m_axis) for q in range(conv.multiplier)),
             )
 
-        row_runs = read.runs(rows, conv.out_size[0], [c for _, c in h_taps], 1)
-        col_runs = read.runs(cols, conv.out_size[1], [c for _, c in w_taps], 1)
+        row_runs = read.runs(rows, conv.out_size[0], [c for _, c in h_taps], 1, rows=True)
+        col_runs = read.runs(cols, conv.out_size[1], [c for _, c in w_taps], 1, rows=False)
         return _tile(block, row_runs, col_runs, conv)
 
     by_rows = [
@@ -354,14 +393,35 @@ _ROW_BLOCKS = 8
 _TAPS_PER_FUSION = 9
 
 
+def _gradient_operand(dy: jax.Array, conv: Conv, dtype: Any) -> jax.Array:
+    """``dy`` as the 5-D view the filter gradient multiplies the windows by.
+
+    A float16 ``dy`` stays float16 and each slice is widened where it is read, as
+    the windows are (`_reader`), instead of a float32 copy written first.
+    """
+    dy5 = _five_d(dy, conv, conv.multiplier)
+    return dy5 if dy5.dtype == jnp.float16 else dy5.astype(dtype)
+
+
+def _stage_one(terms: Iterable[jax.Array], rows: int, row_axis: int, dtype: Any) -> jax.Array:
+    """The sum of row blocks of products, each padded with zero rows to ``rows``."""
+
+    def padded(term: jax.Array) -> jax.Array:
+        if term.shape[row_axis] == rows:
+            return term
+        config = [(0, 0, 0)] * term.ndim
+        config[row_axis] = (0, rows - term.shape[row_axis], 0)
+        return lax.pad(term, jnp.zeros((), dtype), config)
+
+    return functools.reduce(operator.add, map(padded, terms))
+
+
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    if not _few_taps(conv):
+        return _filter_gradient_by_kernel_rows(x, dy, conv)
     dtype = _checks.compute_dtype(x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
-    # A float16 dy stays float16 and each slice is widened where it is read, as
-    # the windows are (_reader), instead of a float32 copy written first.
-    dy5 = _five_d(dy, conv, conv.multiplier)
-    if dy5.dtype != jnp.float16:
-        dy5 = dy5.astype(dtype)
+    dy5 = _gradient_operand(dy, conv, dtype)
     row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
     block = -(-out_rows // _ROW_BLOCKS)
@@ -373,17 +433,11 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
             return window * grad.astype(dtype)
 
         rows = range(first, min(first + block, out_rows))
-        term = _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
-        if len(rows) < block:  # the last block is short: pad it with zero rows
-            config = [(0, 0, 0)] * 5
-            config[row_axis] = (0, block - len(rows), 0)
-            term = lax.pad(term, jnp.zeros((), dtype), config)
-        return term
+        return _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
 
     def tap_rows(di: int, dj: int) -> jax.Array:
-        return functools.reduce(
-            operator.add, (block_term(di, dj, first) for first in range(0, out_rows, block))
-        )
+        terms = (block_term(di, dj, first) for first in range(0, out_rows, block))
+        return _stage_one(terms, block, row_axis, dtype)
 
     # Stacking the taps' partial sums before a reduction keeps stage 1 in XLA's own
     # loop fusion (reduced directly, its slices would be copied out one by one to
@@ -409,4 +463,64 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
             for top in range(0, fh, rows_per_stack)
         ]
     )
+    return grad.reshape(conv.filter_shape).astype(x.dtype)
+
+
+# At most this many taps of a kernel row are stacked into one stage-1 fusion of the
+# loop below: XLA:CPU fuses a concatenation of at most 8 operands, and wrote each
+# tap of an 11-wide stack out separately (11x slower).
+_MAX_STACKED_TAPS = 8
+
+
+def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    """The filter gradient of a large filter: a loop over its kernel rows.
+
+    Each step computes one row of taps in the two stages above, reading the input
+    at that kernel row's offset from an isolated padded copy. The program holds
+    one kernel row's terms, not every tap's, and each step's stage-1 array is
+    reused by the next.
+    """
+    dtype = _checks.compute_dtype(x.dtype)
+    padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=False, isolate=True).array
+    dy5 = _gradient_operand(dy, conv, dtype)
+    row_axis, col_axis = _spatial_axes(conv)
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    (out_rows, out_cols), (fh, fw) = conv.out_size, conv.kernel
+    block = -(-out_rows // _ROW_BLOCKS)
+    reduced = (0, 4, 5) if conv.nchw else (0, 2, 3)
+    groups = -(-fw // _MAX_STACKED_TAPS)
+    group = -(-fw // groups)  # taps per stack, as even as the groups allow
+
+    def term(di: jax.Array, dj: int, rows: range) -> jax.Array:
+        # The window of tap (di, dj) for output ``rows``: a dynamic slice of the
+        # copy (padded, so it never clamps), then the strides. Each term slices
+        # its own window: XLA:CPU emits a slice that several terms share as a
+        # call, and leaves the loop unvectorized.
+        start = [jnp.zeros((), di.dtype)] * 5
+        start[row_axis] = di * dh + rows.start * sh
+        start[col_axis] = jnp.asarray(dj * dw, di.dtype)
+        size = list(padded.shape)
+        size[row_axis] = (len(rows) - 1) * sh + 1
+        size[col_axis] = (out_cols - 1) * sw + 1
+        window = lax.dynamic_slice(padded, start, size)
+        window = _slice_run(window, row_axis, range(0, size[row_axis], sh))
+        window = _slice_run(window, col_axis, range(0, size[col_axis], sw))
+        return window * _slice_run(dy5, row_axis, rows).astype(dtype)
+
+    def tap_rows(di: jax.Array, dj: int) -> jax.Array:
+        tops = range(0, out_rows, block)
+        terms = (term(di, dj, range(top, min(top + block, out_rows))) for top in tops)
+        return _stage_one(terms, block, row_axis, dtype)
+
+    def kernel_row(di: jax.Array, grad: jax.Array) -> jax.Array:
+        sums = []
+        for first in range(0, fw, group):
+            taps = range(first, min(first + group, fw))
+            stacked = jnp.stack([tap_rows(di, dj) for dj in taps], axis=1)
+            sums.append(jnp.sum(stacked, axis=reduced))
+        updated: jax.Array = lax.dynamic_update_index_in_dim(grad, jnp.concatenate(sums), di, 0)
+        return updated
+
+    zeros = jnp.zeros((fh, fw, conv.channels, conv.multiplier), dtype)
+    grad: jax.Array = lax.fori_loop(0, fh, kernel_row, zeros)
     return grad.reshape(conv.filter_shape).astype(x.dtype)
