@@ -64,6 +64,19 @@ def test_large_filters_match_reference(cfg, data_format, seed):
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+# Thin filters: each step of the filter gradient's loop takes several kernel rows,
+# and the rows left over are summed after the loop.
+@pytest.mark.parametrize("f_shape", [(27, 1), (13, 2), (1, 27), (3, 9)])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_thin_large_filters_match_reference(f_shape, data_format):
+    cfg = make_cfg((2, 30, 29, 2), (*f_shape, 2, 2), (1, 2), (1, 1), "SAME", ((0, 0), (0, 0)))
+    x, f, dy = random_operands(cfg, 3)
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy)
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
 def test_large_filter_programs_hold_one_term_per_tap_and_block():
     """The `jax.grad` program of a 9x9 filter: the forward and the input gradient
     multiply each tap once in each of two row blocks, the filter gradient holds one

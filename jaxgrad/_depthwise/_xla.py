@@ -466,19 +466,26 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     return grad.reshape(conv.filter_shape).astype(x.dtype)
 
 
-# At most this many taps of a kernel row are stacked into one stage-1 fusion of the
-# loop below: XLA:CPU fuses a concatenation of at most 8 operands, and wrote each
-# tap of an 11-wide stack out separately (11x slower).
+# At most this many taps are stacked into one stage-1 fusion of the loop below:
+# XLA:CPU fuses a concatenation of at most 8 operands, and wrote each tap of an
+# 11-wide stack out separately (11x slower).
 _MAX_STACKED_TAPS = 8
+
+
+def _chunks(items: Sequence[Any], most: int) -> list[Sequence[Any]]:
+    """``items`` cut into runs of at most ``most``, as even in length as possible."""
+    count = -(-len(items) // most)
+    size = -(-len(items) // count)
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     """The filter gradient of a large filter: a loop over its kernel rows.
 
-    Each step computes one row of taps in the two stages above, reading the input
-    at that kernel row's offset from an isolated padded copy. The program holds
-    one kernel row's terms, not every tap's, and each step's stage-1 array is
-    reused by the next.
+    Each step computes a few kernel rows of taps (at most 8 taps, or one row) in
+    the two stages above, reading the input at those rows' offsets from an
+    isolated padded copy. The program holds one step's terms, not every tap's,
+    and each step's stage-1 array is reused by the next.
     """
     dtype = _checks.compute_dtype(x.dtype)
     padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=False, isolate=True).array
@@ -488,17 +495,15 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
     (out_rows, out_cols), (fh, fw) = conv.out_size, conv.kernel
     block = -(-out_rows // _ROW_BLOCKS)
     reduced = (0, 4, 5) if conv.nchw else (0, 2, 3)
-    groups = -(-fw // _MAX_STACKED_TAPS)
-    group = -(-fw // groups)  # taps per stack, as even as the groups allow
 
     def term(di: jax.Array, dj: int, rows: range) -> jax.Array:
         # The window of tap (di, dj) for output ``rows``: a dynamic slice of the
         # copy (padded, so it never clamps), then the strides. Each term slices
         # its own window: XLA:CPU emits a slice that several terms share as a
         # call, and leaves the loop unvectorized.
-        start = [jnp.zeros((), di.dtype)] * 5
+        start = [jnp.zeros((), jnp.int32)] * 5
         start[row_axis] = di * dh + rows.start * sh
-        start[col_axis] = jnp.asarray(dj * dw, di.dtype)
+        start[col_axis] = jnp.asarray(dj * dw, jnp.int32)
         size = list(padded.shape)
         size[row_axis] = (len(rows) - 1) * sh + 1
         size[col_axis] = (out_cols - 1) * sw + 1
@@ -512,15 +517,26 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
         terms = (term(di, dj, range(top, min(top + block, out_rows))) for top in tops)
         return _stage_one(terms, block, row_axis, dtype)
 
-    def kernel_row(di: jax.Array, grad: jax.Array) -> jax.Array:
-        sums = []
-        for first in range(0, fw, group):
-            taps = range(first, min(first + group, fw))
-            stacked = jnp.stack([tap_rows(di, dj) for dj in taps], axis=1)
-            sums.append(jnp.sum(stacked, axis=reduced))
-        updated: jax.Array = lax.dynamic_update_index_in_dim(grad, jnp.concatenate(sums), di, 0)
+    def kernel_rows(first: jax.Array | int, count: int) -> jax.Array:
+        """The gradient of kernel rows ``first`` to ``first + count - 1``."""
+        first = jnp.asarray(first, jnp.int32)
+        taps = [(r, dj) for r in range(count) for dj in range(fw)]
+        sums = [
+            jnp.sum(jnp.stack([tap_rows(first + r, dj) for r, dj in chunk], axis=1), axis=reduced)
+            for chunk in _chunks(taps, _MAX_STACKED_TAPS)
+        ]
+        return jnp.concatenate(sums).reshape(count, fw, conv.channels, conv.multiplier)
+
+    per_step = max(1, _MAX_STACKED_TAPS // fw)
+    steps, rest = divmod(fh, per_step)
+
+    def step(i: jax.Array, grad: jax.Array) -> jax.Array:
+        rows = kernel_rows(i * per_step, per_step)
+        updated: jax.Array = lax.dynamic_update_slice_in_dim(grad, rows, i * per_step, 0)
         return updated
 
-    zeros = jnp.zeros((fh, fw, conv.channels, conv.multiplier), dtype)
-    grad: jax.Array = lax.fori_loop(0, fh, kernel_row, zeros)
+    zeros = jnp.zeros((steps * per_step, fw, conv.channels, conv.multiplier), dtype)
+    grad: jax.Array = lax.fori_loop(0, steps, step, zeros)
+    if rest:
+        grad = jnp.concatenate([grad, kernel_rows(steps * per_step, rest)])
     return grad.reshape(conv.filter_shape).astype(x.dtype)
