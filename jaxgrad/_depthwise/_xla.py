@@ -243,12 +243,12 @@ def _taps(conv: Conv) -> list[tuple[int, int]]:
     return [(di, dj) for di in range(conv.kernel[0]) for dj in range(conv.kernel[1])]
 
 
-# XLA:CPU compiles every term of every block: with the up to nine blocks of
-# gathered reads, a 7x7 `jax.grad` took 4 s to compile, 11x11 over 12 s. Filters
-# with more taps than this read isolated padded copies instead (one or two blocks,
-# the filter gradient a loop over kernel rows), which compile in under a second
-# and ran as fast for 7x7 and 3x faster for 11x11; the blocked reads stay faster
-# for 3x3.
+# XLA:CPU compiles every term of every block, so with up to nine blocks of reads
+# a program holds up to nine terms per tap, and its compile time grows with the
+# filter's area nine times over. Filters with more taps than this read isolated
+# padded copies instead (two blocks; the filter gradient a loop over kernel
+# rows), whose programs hold one or two terms per tap and ran as fast or faster;
+# the blocked reads stay faster for small filters (see the design notes).
 _MAX_BLOCKED_TAPS = 25
 
 
