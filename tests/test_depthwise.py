@@ -36,15 +36,21 @@ import jaxgrad
 # ----------------------------------------------------------------------------------
 
 
+def assert_matches_reference(cfg, x, f, dy, results):
+    """The three ops' results (forward, input and filter gradient) equal the loop
+    reference's in float64."""
+    y, dx, df = results
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
 # Each example compiles new shapes, so the expensive properties draw fewer examples.
 @settings(max_examples=16)
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.booleans(), st.integers(0, 2**31 - 1))
 def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
     x, f, dy = random_operands(cfg, seed)
-    y, dx, df = run_all_three(cfg, data_format, x, f, dy, four_ints)
-    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+    assert_matches_reference(cfg, x, f, dy, run_all_three(cfg, data_format, x, f, dy, four_ints))
 
 
 # Filters of more than 25 taps read padded copies, and their filter gradient loops
@@ -58,10 +64,7 @@ def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
 )
 def test_large_filters_match_reference(cfg, data_format, seed):
     x, f, dy = random_operands(cfg, seed)
-    y, dx, df = run_all_three(cfg, data_format, x, f, dy)
-    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+    assert_matches_reference(cfg, x, f, dy, run_all_three(cfg, data_format, x, f, dy))
 
 
 # Thin filters: each step of the filter gradient's loop takes several kernel rows,
@@ -71,10 +74,7 @@ def test_large_filters_match_reference(cfg, data_format, seed):
 def test_thin_large_filters_match_reference(f_shape, data_format):
     cfg = make_cfg((2, 30, 29, 2), (*f_shape, 2, 2), (1, 2), (1, 1), "SAME", ((0, 0), (0, 0)))
     x, f, dy = random_operands(cfg, 3)
-    y, dx, df = run_all_three(cfg, data_format, x, f, dy)
-    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+    assert_matches_reference(cfg, x, f, dy, run_all_three(cfg, data_format, x, f, dy))
 
 
 def test_large_filter_programs_hold_one_term_per_tap_and_block():
