@@ -15,12 +15,14 @@ nothing, and reads memory in wide, coalesced loads. Times still need a GPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -63,9 +65,11 @@ VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
 GLOBAL_LOAD = re.compile(r"ld\.global")
 
 
-def triton_modules(fn, *args) -> list[tuple[str, str]]:
-    """(kernel name, Triton IR text) of every kernel in ``jax.jit(fn)(*args)``, for CUDA."""
+def triton_modules(fn, *args, capability: int) -> list[tuple[str, str]]:
+    """(kernel name, Triton IR text) of every kernel in ``jax.jit(fn)(*args)``, lowered
+    for a CUDA GPU of compute capability ``capability`` (90: sm_90a)."""
     from jax._src.pallas.triton import pallas_call_registration as registration
+    from jax.experimental.pallas import triton as plgpu
 
     lower = registration.lowering.lower_jaxpr_to_triton_module
     modules = []
@@ -76,11 +80,21 @@ def triton_modules(fn, *args) -> list[tuple[str, str]]:
         modules.append((re.search(r"module @(\w+)", text)[1], text))
         return result
 
-    registration.lowering.lower_jaxpr_to_triton_module = recording
-    try:
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(
+            mock.patch.object(registration.lowering, "lower_jaxpr_to_triton_module", recording)
+        )
+        # From JAX 0.11 the lowering asks the local GPU for its compute capability;
+        # here there is none, so the GPU aimed at answers. JAX 0.10 does not ask.
+        if hasattr(registration, "gpu_info_lib"):
+            arch_name = f"{capability // 10}.{capability % 10}"
+            aimed_at = plgpu.GpuInfo(
+                gpu_version=None, arch_name=arch_name, compute_capability=capability
+            )
+            patches.enter_context(
+                mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: aimed_at)
+            )
         jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    finally:
-        registration.lowering.lower_jaxpr_to_triton_module = lower
     return modules
 
 
@@ -108,15 +122,19 @@ def resample_step(shape, scales, mode, dtype):
     return jax.grad(loss), jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
 
 
+def capability_of(arch: str) -> int:
+    """The compute capability a ptxas target names: sm_90a -> 90."""
+    return int(re.sub(r"\D", "", arch))
+
+
 def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
     source = folder / "kernel.ttir"
     source.write_text(ir)
-    capability = int(re.sub(r"\D", "", arch))
     kernel = triton.compile(
-        str(source), target=GPUTarget("cuda", capability, 32), options={"num_warps": 4}
+        str(source), target=GPUTarget("cuda", capability_of(arch), 32), options={"num_warps": 4}
     )
     ptx = kernel.asm["ptx"]
     (folder / "kernel.ptx").write_text(ptx)
@@ -150,7 +168,8 @@ def main() -> None:
         steps = [(case, depthwise_step(*c)) for case, c in DEPTHWISE_CASES.items()]
         steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
         for case, (fn, *fn_args) in steps:
-            for name, ir in triton_modules(fn, *fn_args):
+            modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
+            for name, ir in modules:
                 r = compile_report(ir, args.arch, pathlib.Path(tmp))
                 print(
                     f"| {case} | {name} | {r['registers']} | {r['spilled']} | {r['shared']} "

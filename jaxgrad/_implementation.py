@@ -88,7 +88,8 @@ def run(
     if not pallas_available:
         raise ValueError(
             f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "
-            f"JAX ({jax.__version__}) does not have; use implementation=None or 'xla'"
+            f"JAX ({jax.__version__}) lacks or no longer lowers; use implementation=None "
+            "or 'xla'"
         )
     platform = _backend_platform()
     if platform not in ("cpu", "cuda"):

@@ -8,11 +8,28 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+
+def _lowering_refused() -> bool:
+    """Whether this JAX refuses to lower Pallas' Triton kernels.
+
+    JAX 0.11 deprecates the Triton backend and warns each time a kernel is lowered;
+    JAX's way to end a deprecation is to turn that warning into an error, then to
+    remove the backend. There is no public API to ask which stage a JAX is at.
+    """
+    try:
+        from jax._src import deprecations
+
+        return bool(deprecations.is_accelerated("jax-pallas-triton"))
+    except (ImportError, AttributeError, ValueError):  # not deprecated in this JAX
+        return False
+
+
 try:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
     AVAILABLE = all(hasattr(plgpu, name) for name in ("load", "store", "CompilerParams"))
+    AVAILABLE = AVAILABLE and not _lowering_refused()
 except ImportError:  # a JAX without Pallas' Triton backend
     AVAILABLE = False
 

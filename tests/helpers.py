@@ -4,10 +4,12 @@ A plain module rather than conftest.py, which tests cannot import by name reliab
 docs/ has a conftest.py of its own.
 """
 
+import contextlib
 import os
 import pathlib
 import subprocess
 import sys
+from unittest import mock
 
 import jax
 import numpy as np
@@ -50,6 +52,33 @@ def compiled_entry(fn, *args):
     """The entry computation of ``fn``'s program as XLA compiled it for ``args``: the
     arrays it writes between its loops, not the ones inside a fused loop."""
     return jax.jit(fn).lower(*args).compile().as_text().split("ENTRY", 1)[1]
+
+
+# The custom call a Pallas Triton kernel lowers to.
+TRITON_CALL = "__gpu$xla.gpu.triton"
+
+
+def lowered_text(fn, *args, platform):
+    """The StableHLO text of ``jax.jit(fn)`` for ``args``, lowered for ``platform``
+    whether or not this process has that platform."""
+    stand_in = _gpu_stand_in() if platform == "cuda" else contextlib.nullcontext()
+    with stand_in:
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _gpu_stand_in():
+    """Lets a process without a GPU lower Pallas' Triton kernels, for an H100.
+
+    From JAX 0.11 the Triton lowering asks the local GPU for its compute
+    capability, and fails where there is none; JAX 0.10 lowers without asking.
+    """
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    from jax.experimental.pallas import triton as plgpu
+
+    if not hasattr(registration, "gpu_info_lib"):
+        return contextlib.nullcontext()
+    h100 = plgpu.get_gpu_info_from_version(plgpu.GpuVersion.H100)
+    return mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: h100)
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -19,17 +19,15 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import TOLERANCE, TRANSFORMS, transformed
+from helpers import TOLERANCE, TRANSFORMS, TRITON_CALL, lowered_text, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax._src import deprecations
 from jax.test_util import check_grads
 
 import jaxgrad
-from jaxgrad import _implementation
+from jaxgrad import _implementation, _kernels
 from jaxgrad._depthwise import _pallas, _plan
-
-# The marker of a Triton kernel in a program lowered for CUDA.
-TRITON_CALL = "__gpu$xla.gpu.triton"
 
 
 def three_ops(cfg, data_format, **extra):
@@ -211,7 +209,7 @@ def grad_fn(implementation, dtype=jnp.float32):
 
 def lowered(implementation, platform, dtype=jnp.float32):
     fn, args = grad_fn(implementation, dtype)
-    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    return lowered_text(fn, *args, platform=platform)
 
 
 def test_default_is_the_portable_program_on_the_cpu():
@@ -234,6 +232,14 @@ def test_default_falls_back_without_pallas(patch):
     assert TRITON_CALL not in lowered(None, "cuda")
     with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
         lowered("pallas", "cpu")
+
+
+def test_a_jax_that_refuses_to_lower_triton_kernels_has_none(patch):
+    # JAX 0.11 deprecates Pallas' Triton backend; once JAX turns the deprecation
+    # into an error, the kernels count as absent and the default falls back.
+    assert not _kernels._lowering_refused()
+    patch(deprecations, "is_accelerated", lambda name: name == "jax-pallas-triton")
+    assert _kernels._lowering_refused()
 
 
 def test_explicit_pallas_raises_on_another_backend(patch):
@@ -274,5 +280,5 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
     kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2}
     for name, fn in ops.items():
-        text = jax.jit(fn).trace(*args[name]).lower(lowering_platforms=("cuda",)).as_text()
+        text = lowered_text(fn, *args[name], platform="cuda")
         assert text.count(TRITON_CALL) == kernels[name], name

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, TOLERANCE, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, TRITON_CALL, lowered_text, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
@@ -25,8 +25,6 @@ import jaxgrad
 from jaxgrad import _implementation
 from jaxgrad._resample import _pallas, _plan
 
-# The marker of a Triton kernel in a program lowered for CUDA.
-TRITON_CALL = "__gpu$xla.gpu.triton"
 KERNEL = dict(implementation="pallas")
 
 
@@ -187,7 +185,7 @@ def test_kernel_vjps_are_kernels():
     def loss(x):
         return jnp.sum(jaxgrad.resample(x, (1, 2, 2), mode="linear", **KERNEL) ** 2)
 
-    text = jax.jit(jax.grad(loss)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    text = lowered_text(jax.grad(loss), x, platform="cuda")
     assert text.count(TRITON_CALL) == 2  # forward and gradient, both kernels
 
 
@@ -222,7 +220,7 @@ def lowered(implementation, platform, *, mode="linear", dtype=jnp.float32, grad=
     else:
         fn = lambda x: jaxgrad.resample(x, (1, 1, 2, 2), **kw)  # noqa: E731
         arg = jax.ShapeDtypeStruct((2, 4, 8, 8), dtype)
-    return jax.jit(fn).trace(arg).lower(lowering_platforms=(platform,)).as_text()
+    return lowered_text(fn, arg, platform=platform)
 
 
 def test_default_is_the_portable_program_on_the_cpu():
@@ -295,13 +293,10 @@ def test_kernel_lowers_for_cuda(case):
     shape, scales, mode, dtype = case
     kw = dict(mode=mode, **KERNEL)
 
-    def lower(fn, arg):
-        return jax.jit(fn).trace(arg).lower(lowering_platforms=("cuda",)).as_text()
-
     forward = lambda x: jaxgrad.resample(x, scales, **kw)  # noqa: E731
     x = jax.ShapeDtypeStruct(shape, dtype)
-    assert lower(forward, x).count(TRITON_CALL) == 1
+    assert lowered_text(forward, x, platform="cuda").count(TRITON_CALL) == 1
     if jnp.issubdtype(dtype, jnp.floating):
         dy = jax.eval_shape(forward, x)
         backward = lambda dy: jaxgrad.resample_grad(dy, shape, scales, **kw)  # noqa: E731
-        assert lower(backward, dy).count(TRITON_CALL) == 1
+        assert lowered_text(backward, dy, platform="cuda").count(TRITON_CALL) == 1
