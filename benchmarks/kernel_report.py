@@ -127,6 +127,18 @@ def capability_of(arch: str) -> int:
     return int(re.sub(r"\D", "", arch))
 
 
+def ptxas_for(capability: int) -> str:
+    """The ptxas that Triton assembles for this GPU with: Triton 3.9 ships one for
+    Hopper and newer beside one for older GPUs, and its API has changed with that."""
+    from triton.backends.nvidia import compiler
+
+    try:
+        tool = compiler.get_ptxas(capability)
+    except TypeError:  # one ptxas for every GPU
+        tool = compiler.get_ptxas()
+    return str(tool.path if hasattr(tool, "path") else tool[0])
+
+
 def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -138,9 +150,8 @@ def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
     )
     ptx = kernel.asm["ptx"]
     (folder / "kernel.ptx").write_text(ptx)
-    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     info = subprocess.run(
-        [str(ptxas), f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
+        [ptxas_for(capability_of(arch)), f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
         capture_output=True,
         text=True,
         check=True,

@@ -151,19 +151,48 @@ def _struct(shape: tuple[int, ...], dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
 
 
-def _taps(
-    f_ref: Any, launch: _Launch, count: int, lanes: list[jax.Array], dtype: Any
-) -> Callable[[int, int], jax.Array]:
-    """``tap(t, i)``: filter tap ``t`` for the output channels ``lanes[i]``.
+class _Taps:
+    """The filter taps of a program's output channels, and the loop over the filter
+    rows that uses them.
 
     Up to ``_TAPS_PER_PROGRAM`` taps are loaded once per program, before its row
-    loop; more would crowd the registers (a 7x7 forward held 255 of them), so
-    larger filters load each tap where it is used, from the cache.
+    loop, and the filter rows are unrolled. More would crowd the registers, so a
+    larger filter loads each tap where it is used, from the cache, inside a loop
+    over the filter rows: a load that depends on that loop's index cannot be
+    hoisted out of the row loop (Triton 3.9 hoists loads of a fixed tap, and a 7x7
+    forward then held 255 registers and spilled).
     """
-    if count * len(lanes) > _TAPS_PER_PROGRAM:
-        return lambda t, i: _tap_vector(f_ref, launch, t, lanes[i], dtype)
-    loaded = [[_tap_vector(f_ref, launch, t, c, dtype) for c in lanes] for t in range(count)]
-    return lambda t, i: loaded[t][i]
+
+    def __init__(
+        self, f_ref: Any, launch: _Launch, conv: Conv, lanes: list[jax.Array], dtype: Any
+    ) -> None:
+        fh, fw = conv.kernel
+        self._rows = fh
+        self._source = (f_ref, launch, lanes, dtype)
+        self._loaded: list[list[jax.Array]] | None = None
+        if fh * fw * len(lanes) <= _TAPS_PER_PROGRAM:
+            self._loaded = [[self._load(t, i) for i in range(len(lanes))] for t in range(fh * fw)]
+
+    def __call__(self, t: Any, i: int) -> jax.Array:
+        """Tap ``t`` (flat index ``di * fw + dj``) for the output channels ``lanes[i]``."""
+        if self._loaded is None:
+            return self._load(t, i)
+        loaded: jax.Array = self._loaded[t][i]
+        return loaded
+
+    def _load(self, t: Any, i: int) -> jax.Array:
+        f_ref, launch, lanes, dtype = self._source
+        return _tap_vector(f_ref, launch, t, lanes[i], dtype)
+
+    def sum_over_filter_rows(
+        self, body: Callable[[Any, jax.Array], jax.Array], total: jax.Array
+    ) -> jax.Array:
+        """``total = body(di, total)`` for the filter rows ``di`` in order."""
+        if self._loaded is None:
+            return lax.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
+        for di in range(self._rows):
+            total = body(di, total)
+        return total
 
 
 def _input_channels(out_chans: jax.Array, conv: Conv) -> jax.Array:
@@ -193,13 +222,13 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     in_chans = _input_channels(out_chans, conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    fh, fw = conv.kernel
-    tap = _taps(f_ref, launch, fh * fw, [out_chans], dtype)
+    fw = conv.kernel[1]
+    taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
 
     def row(r: Any, carry: None) -> None:
         i = first + r
-        total = jnp.zeros((launch.cols, launch.channels), dtype)
-        for di in range(fh):
+
+        def filter_row(di: Any, total: jax.Array) -> jax.Array:
             for dj in range(fw):
                 window = _read(
                     x_ref,
@@ -211,7 +240,11 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
                     in_chans,
                     dtype,
                 )
-                total = total + window * tap(di * fw + dj, 0)[None, :]
+                total = total + window * taps(di * fw + dj, 0)[None, :]
+            return total
+
+        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
+        total = taps.sum_over_filter_rows(filter_row, zeros)
         _write(y_ref, conv, launch, n, i, out_cols, out_chans, total)
         return carry
 
@@ -274,13 +307,13 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     cols = _kernels.lanes(pl.program_id(2), launch.cols)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    fh, fw = conv.kernel
-    tap = _taps(f_ref, launch, fh * fw, [chans * m + q for q in range(m)], dtype)
+    fw = conv.kernel[1]
+    taps = _Taps(f_ref, launch, conv, [chans * m + q for q in range(m)], dtype)
 
     def row(r: Any, carry: None) -> None:
         p = first + r
-        total = jnp.zeros((launch.cols, launch.channels), dtype)
-        for di in range(fh):
+
+        def filter_row(di: Any, total: jax.Array) -> jax.Array:
             i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
             for dj in range(fw):
                 # Rows and columns no output reads through this tap are masked.
@@ -290,7 +323,11 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
                     grad = _read(
                         dy_ref, conv, launch, n, i, j, chans * m + q, dtype, wanted=reached
                     )
-                    total = total + grad * tap(di * fw + dj, q)[None, :]
+                    total = total + grad * taps(di * fw + dj, q)[None, :]
+            return total
+
+        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
+        total = taps.sum_over_filter_rows(filter_row, zeros)
         _write(dx_ref, conv, launch, n, p, cols, chans, total)
         return carry
 
