@@ -234,9 +234,10 @@ def test_default_falls_back_without_pallas(patch):
         lowered("pallas", "cpu")
 
 
-def test_a_jax_that_refuses_to_lower_triton_kernels_has_none(patch):
-    # JAX 0.11 deprecates Pallas' Triton backend; once JAX turns the deprecation
-    # into an error, the kernels count as absent and the default falls back.
+def test_a_jax_that_refuses_to_lower_triton_kernels_is_recognised(patch):
+    # JAX 0.11 deprecates Pallas' Triton backend. Once JAX turns the deprecation
+    # into an error, _kernels.AVAILABLE is false, and the ops behave as in
+    # test_default_falls_back_without_pallas.
     assert not _kernels._lowering_refused()
     patch(deprecations, "is_accelerated", lambda name: name == "jax-pallas-triton")
     assert _kernels._lowering_refused()
