@@ -150,8 +150,9 @@ def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
     )
     ptx = kernel.asm["ptx"]
     (folder / "kernel.ptx").write_text(ptx)
+    ptxas = ptxas_for(capability_of(arch))
     info = subprocess.run(
-        [ptxas_for(capability_of(arch)), f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
+        [ptxas, f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
         capture_output=True,
         text=True,
         check=True,
