@@ -65,9 +65,11 @@ VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
 GLOBAL_LOAD = re.compile(r"ld\.global")
 
 
-def triton_modules(fn, *args, capability: int) -> list[tuple[str, str]]:
-    """(kernel name, Triton IR text) of every kernel in ``jax.jit(fn)(*args)``, lowered
-    for a CUDA GPU of compute capability ``capability`` (90: sm_90a)."""
+def triton_modules(fn, *args, capability: int) -> list[tuple[str, str, dict]]:
+    """(kernel name, Triton IR text, launch options) of every kernel in
+    ``jax.jit(fn)(*args)``, lowered for a CUDA GPU of compute capability
+    ``capability`` (90: sm_90a). The options are the warps and pipeline stages the
+    kernel asked for, which XLA compiles it with."""
     from jax._src.pallas.triton import pallas_call_registration as registration
     from jax.experimental.pallas import triton as plgpu
 
@@ -77,7 +79,11 @@ def triton_modules(fn, *args, capability: int) -> list[tuple[str, str]]:
     def recording(*args, **kwargs):
         result = lower(*args, **kwargs)
         text = result.module.operation.get_asm(enable_debug_info=False)
-        modules.append((re.search(r"module @(\w+)", text)[1], text))
+        # The lowering rule has resolved the kernel's CompilerParams (and JAX's
+        # defaults for what it left unset) into these locals; nothing public says them.
+        rule = sys._getframe(1).f_locals
+        options = {"num_warps": rule["num_warps"], "num_stages": rule["num_stages"]}
+        modules.append((re.search(r"module @(\w+)", text)[1], text, options))
         return result
 
     with contextlib.ExitStack() as patches:
@@ -139,15 +145,14 @@ def ptxas_for(capability: int) -> str:
     return str(tool.path if hasattr(tool, "path") else tool[0])
 
 
-def compile_report(ir: str, arch: str, folder: pathlib.Path) -> dict:
+def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
     source = folder / "kernel.ttir"
     source.write_text(ir)
-    kernel = triton.compile(
-        str(source), target=GPUTarget("cuda", capability_of(arch), 32), options={"num_warps": 4}
-    )
+    target = GPUTarget("cuda", capability_of(arch), 32)
+    kernel = triton.compile(str(source), target=target, options=options)
     ptx = kernel.asm["ptx"]
     (folder / "kernel.ptx").write_text(ptx)
     ptxas = ptxas_for(capability_of(arch))
@@ -181,8 +186,8 @@ def main() -> None:
         steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
         for case, (fn, *fn_args) in steps:
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
-            for name, ir in modules:
-                r = compile_report(ir, args.arch, pathlib.Path(tmp))
+            for name, ir, options in modules:
+                r = compile_report(ir, options, args.arch, pathlib.Path(tmp))
                 print(
                     f"| {case} | {name} | {r['registers']} | {r['spilled']} | {r['shared']} "
                     f"| {r['vector loads']} of {r['loads']} |",
