@@ -70,6 +70,8 @@ RESAMPLE_LAYOUTS = {
 RESAMPLE_SCALES = (2.0, 0.5, 1.7)
 RESAMPLE_VOLUME = ("NCDHW", (4, 32, 64, 64, 64), (2, 3, 4))  # linear 2x only
 SECTIONS = ("depthwise", "resample", "train")
+# Where the PyTorch peers run: the GPU; the CPU in a smoke run, which checks their code.
+TORCH_DEVICE = "cuda"
 
 
 # --------------------------------------------------------------------------------------
@@ -105,7 +107,8 @@ def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int =
 def _torch_sync(out: Any) -> None:
     import torch
 
-    torch.cuda.synchronize()
+    if TORCH_DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def copy_bandwidth(size: int = 2**28) -> float:
@@ -157,7 +160,7 @@ def torch_ops(torch: Any, x: np.ndarray, f: np.ndarray, dy: np.ndarray, stride: 
     w = torch.tensor(
         np.ascontiguousarray(np.transpose(f.reshape(fh, fw, c * m), (2, 0, 1))[:, None])
     )
-    w = w.to("cuda", tdtype)
+    w = w.to(TORCH_DEVICE, tdtype)
     pad = [(fh - 1) // 2, (fw - 1) // 2]
     aten, conv2d = torch.ops.aten, torch.nn.functional.conv2d
     out = {}
@@ -165,7 +168,7 @@ def torch_ops(torch: Any, x: np.ndarray, f: np.ndarray, dy: np.ndarray, stride: 
         fmt = torch.channels_last if memory == "channels_last" else torch.contiguous_format
         tx, tdy = (
             torch.tensor(np.ascontiguousarray(np.transpose(a, (0, 3, 1, 2))))
-            .to("cuda", tdtype)
+            .to(TORCH_DEVICE, tdtype)
             .contiguous(memory_format=fmt)
             for a in (x, dy)
         )
@@ -480,7 +483,8 @@ def resample_speed(
             if torch is not None:
                 tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
                 tx, tdy = (
-                    torch.tensor(np.asarray(a, np.float32)).to("cuda", tdtype) for a in (x, dy)
+                    torch.tensor(np.asarray(a, np.float32)).to(TORCH_DEVICE, tdtype)
+                    for a in (x, dy)
                 )
                 theirs = torch_resample(torch, tx, tdy, axes, out, scale, mode)
             peer = image_resize(shape, out, mode)
@@ -601,11 +605,16 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="a few tiny cases on any backend, no PyTorch: checks that the script runs",
+        help="a few tiny cases on any backend (PyTorch, if installed, on the CPU): "
+        "checks that the script runs",
     )
     args = parser.parse_args()
+    global TORCH_DEVICE
     torch = None
     if args.smoke:
+        TORCH_DEVICE = "cpu"
+        with contextlib.suppress(ImportError):
+            import torch
         CASES[:] = [(name, (2, 9, 10, 4 * m), k, s) for name, _, k, s in CASES[-1:] for m in [k[2]]]
         DTYPES[:] = CHECKED_DTYPES[:] = ["float32"]
         LAYOUTS[:] = ["NHWC"]

@@ -1,7 +1,9 @@
 """The GPU benchmark runs: ``benchmarks/gpu.py --smoke`` takes a few tiny cases
-through every section on the CPU (kernels interpreted, no PyTorch), so the script a
-GPU machine runs is not first tried there."""
+through every section on the CPU (kernels interpreted; the PyTorch peers on the
+CPU where PyTorch is installed), so the script a GPU machine runs is not first
+tried there."""
 
+import importlib.util
 import json
 
 from helpers import run_script
@@ -16,8 +18,11 @@ def test_gpu_benchmark_smoke(tmp_path):
         assert {row["impl"] for row in results[section]} == {"xla", "pallas"}, section
         # float32 against float64: both implementations are accurate to rounding.
         assert max(row["error"] for row in results[section]) < 1e-6, section
+    has_torch = importlib.util.find_spec("torch") is not None
     for section in ("speed", "resample_speed"):
         row = results[section][0]
         assert all(row[f"jaxgrad {label}"] > 0 for label in ("default", "xla", "pallas"))
+        # PyTorch is an optional peer: timed where it is installed, left out elsewhere.
+        assert (row["torch"] is not None) == has_torch, section
     assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
     assert "| default / roofline |" in result.stdout
