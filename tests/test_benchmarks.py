@@ -26,3 +26,30 @@ def test_gpu_benchmark_smoke(tmp_path):
         assert (row["torch"] is not None) == has_torch, section
     assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
     assert "| default / roofline |" in result.stdout
+
+
+def test_tune_smoke(tmp_path):
+    """``benchmarks/tune.py --smoke`` searches launches of both kernel families on a
+    tiny case: each op starts from the launch jaxgrad picks, and every candidate it
+    compiled under a patched launch was really given that launch (its result is
+    checked, and it is timed)."""
+    out = tmp_path / "tune.json"
+    result = run_script("benchmarks/tune.py", "--smoke", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["rows"]
+    ops = {(row["family"], row["op"]) for row in rows}
+    assert ops == {
+        ("depthwise", "forward"),
+        ("depthwise", "backprop_input"),
+        ("depthwise", "backprop_filter"),
+        ("resample", "forward"),
+        ("resample", "backward"),
+    }
+    for row in rows:
+        launches = [c["launch"] for c in row["candidates"]]
+        assert launches[0] == row["current"] and row["best"] in launches
+        # One other launch per parameter, each different: the patch took effect.
+        assert len({tuple(sorted(launch.items())) for launch in launches}) == 4
+        # The kernels give the same results under every launch, to rounding.
+        assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
+    assert "| current launch |" in result.stdout

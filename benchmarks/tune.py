@@ -1,0 +1,284 @@
+"""Which launch of each Pallas kernel is fastest on this GPU: a search, not a change.
+
+    python benchmarks/tune.py [--family depthwise resample] [--cases SUBSTRING ...]
+                              [--ops forward ...] [--json tune.json] [--smoke]
+
+The kernels cut their work by a launch: a tile of ``columns x channels``, the
+rows one program owns, and the warps that run it (``_launch`` in
+``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For each
+case of benchmarks/gpu.py and each op, starting from the launch jaxgrad picks
+today, this times the neighbours of the best launch so far in one parameter at a
+time: the tile (each side halved, kept or doubled), then the rows (a quarter to
+four times), then the warps (2, 4, 8). A coordinate search: about 15 compiles
+per op instead of every combination's hundred. Every case of both families is
+well over a thousand compiles, so pick cases with ``--cases`` and ``--ops``
+(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``).
+
+Every candidate's result is compared with the current launch's. The forward and
+the gradients gather each output in an order no launch changes, but the filter
+gradient's partials are summed per block of rows, so its rounding may move with
+the rows: a candidate must agree to one rounding of the output dtype per element
+plus a few float32 roundings of the largest value, or it is listed as
+disagreeing and never chosen.
+
+Nothing in the library changes: the candidates are imposed by wrapping
+``_launch``. It prints, per case and op, the current launch, the best one found,
+their times (medians of interleaved rounds, timed as benchmarks/gpu.py times) and
+their ratio; adopting a launch is an edit to ``_launch``, checked by a rerun of
+benchmarks/gpu.py. ``--smoke`` runs a tiny case of each family on the CPU (the
+kernels interpreted, two candidates a parameter) to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+from unittest import mock
+
+import gpu
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrad._depthwise import _pallas as depthwise_kernels
+from jaxgrad._resample import _pallas as resample_kernels
+
+FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
+# The launch's parameters, searched in this order.
+GROUPS = ("tile", "rows", "warps")
+WARPS = (2, 4, 8)
+
+
+# --------------------------------------------------------------------------------------
+# Launches
+# --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def launches(module: Any, fields: dict[str, int] | None = None) -> Iterator[list[Any]]:
+    """The launches ``module``'s kernels are given while the block runs: the ones
+    jaxgrad picks, or with ``fields`` replaced when given."""
+    chosen, given = module._launch, []
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        picked = chosen(*args, **kwargs)
+        given.append(dataclasses.replace(picked, **fields) if fields else picked)
+        return given[-1]
+
+    with mock.patch.object(module, "_launch", launch):
+        yield given
+
+
+def fields_of(launch: Any) -> dict[str, int]:
+    return {name: getattr(launch, name) for name in ("cols", "channels", "rows", "warps")}
+
+
+def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
+    """Launches that differ from ``best`` in one group of parameters (and ``best``)."""
+    if group == "tile":
+        scales = (0.5, 1, 2)
+        options = [
+            {"cols": int(best["cols"] * a), "channels": int(best["channels"] * b)}
+            for a in scales
+            for b in scales
+        ]
+        options = [o for o in options if o["cols"] >= 1 and o["channels"] >= 1]
+    elif group == "rows":
+        options = [
+            {"rows": r}
+            for r in sorted({max(1, int(best["rows"] * a)) for a in (0.25, 0.5, 1, 2, 4)})
+        ]
+    else:
+        options = [{"warps": w} for w in sorted({*WARPS, best["warps"]})]
+    return [{**best, **o} for o in options]
+
+
+def label(fields: dict[str, int]) -> str:
+    tile = f"{fields['cols']}x{fields['channels']}"
+    return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}"
+
+
+# --------------------------------------------------------------------------------------
+# Cases: each op as a function of its arrays, with the kernels forced
+# --------------------------------------------------------------------------------------
+
+
+def depthwise_cases(smoke: bool) -> Iterator[tuple[str, str, Callable, tuple]]:
+    """(case, op, fn, args) for every depthwise case, layout and dtype of gpu.py."""
+    rng = np.random.default_rng(0)
+    cases = gpu.CASES[-1:] if smoke else gpu.CASES
+    for _, (n, h, w, c), (fh, fw, m), stride in cases:
+        if smoke:
+            n, h, w, c = 1, 9, 10, 4
+        case = f"[{n},{h},{w},{c}] {fh}x{fw} s{stride}" + (f" M{m}" if m > 1 else "")
+        layouts = gpu.LAYOUTS[:1] if smoke else gpu.LAYOUTS
+        for fmt in layouts:
+            for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
+                shape = (n, c, h, w) if fmt == "NCHW" else (n, h, w, c)
+                oh, ow = -(-h // stride), -(-w // stride)
+                out = (n, c * m, oh, ow) if fmt == "NCHW" else (n, oh, ow, c * m)
+                x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
+                f = jnp.asarray(rng.normal(size=(fh, fw, c, m)), dtype)
+                ops = gpu.jaxgrad_ops(fmt, shape, f.shape, stride, "pallas")
+                for op, fn, args in gpu._named(ops, x, f, dy):
+                    yield f"{case} {fmt} {dtype}", op, fn, args
+
+
+def resample_cases(smoke: bool) -> Iterator[tuple[str, str, Callable, tuple]]:
+    """(case, op, fn, args) for every resample case and dtype of gpu.py."""
+    rng = np.random.default_rng(0)
+    for layout, shape, axes, mode, scale in gpu.resample_cases(smoke)[: 1 if smoke else None]:
+        scales, out = gpu.resample_shapes(shape, axes, scale)
+        for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
+            x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
+            ops = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
+            case = f"{list(shape)} {layout} {mode} {scale}x {dtype}"
+            yield case, "forward", ops["forward"], (x,)
+            yield case, "backward", ops["backward"], (dy,)
+
+
+CASES = {"depthwise": depthwise_cases, "resample": resample_cases}
+
+
+# --------------------------------------------------------------------------------------
+# The search
+# --------------------------------------------------------------------------------------
+
+
+def compiled(
+    module: Any, fn: Callable, args: tuple, fields: dict[str, int] | None = None
+) -> tuple[Callable[[], Any], np.ndarray, dict[str, int]]:
+    """``fn`` jitted and compiled with the launch ``fields`` (default: jaxgrad's), as
+    a call; its result; and the launch its first kernel was given."""
+    # JAX caches traces (of jitted functions, of custom VJPs) and the launch is read
+    # when the kernels are traced and lowered, under the sharding wrapper at compile
+    # time: so the caches are cleared and the program compiled ahead of time under
+    # the patch. The compiled program keeps its launch whatever is traced later.
+    jax.clear_caches()
+    with launches(module, fields) as given:
+        program = jax.jit(fn).lower(*args).compile()
+    if not given:
+        raise RuntimeError("the kernels were not traced under the patched launch")
+    out = jax.block_until_ready(program(*args))
+    return partial(program, *args), np.asarray(out, np.float64), fields_of(given[0])
+
+
+def agrees(got: np.ndarray, want: np.ndarray, dtype: Any) -> bool:
+    """Whether two launches' results agree up to a sum regrouped in float32 and
+    rounded once to ``dtype``: one rounding of ``dtype`` per element, and a few of
+    float32 relative to the largest value."""
+    rounding = float(jnp.finfo(dtype).eps) * np.abs(want)
+    regrouping = 16 * float(jnp.finfo(jnp.float32).eps) * float(np.max(np.abs(want)))
+    return bool(np.all(np.abs(got - want) <= rounding + regrouping))
+
+
+def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> dict:
+    """The current launch of ``fn``'s kernels, the best one found, and every candidate."""
+    dtype = args[0].dtype
+    call, want, current = compiled(module, fn, args)
+    tried = {label(current): {"launch": current, "call": call, "agrees": True}}
+    best = current
+    for group in GROUPS:
+        options = neighbours(best, group)
+        if smoke:  # the current launch and one other: the code path, not the answer
+            options = [best, next(o for o in options if o != best)]
+        for fields in options:
+            if label(fields) not in tried:
+                call, got, given = compiled(module, fn, args, fields)
+                tried[label(fields)] = {
+                    "launch": given,
+                    "call": call,
+                    "agrees": agrees(got, want, dtype),
+                }
+        valid = {label(o): tried[label(o)]["call"] for o in options if tried[label(o)]["agrees"]}
+        for name, ms in gpu.rounds_ms(valid, rounds).items():
+            tried[name]["ms"] = ms
+        best = tried[min(valid, key=lambda name: tried[name]["ms"])]["launch"]
+    # The current and the best launch timed together once more: their ratio in one run.
+    final = gpu.rounds_ms(
+        {"current": tried[label(current)]["call"], "best": tried[label(best)]["call"]}, rounds
+    )
+    return {
+        "current": current,
+        "best": best,
+        "current_ms": final["current"],
+        "best_ms": final["best"],
+        "candidates": [
+            {"launch": t["launch"], "ms": t.get("ms"), "agrees": t["agrees"]}
+            for t in tried.values()
+        ],
+    }
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        "| family | case | op | current launch | ms | best launch | ms | current / best |",
+        "|" + "---|" * 8,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | {r['case']} | {r['op']} | {label(r['current'])} "
+            f"| {r['current_ms']:.3f} | {label(r['best'])} | {r['best_ms']:.3f} "
+            f"| {r['current_ms'] / r['best_ms']:.2f} |"
+        )
+    wrong = [(r, c["launch"]) for r in rows for c in r["candidates"] if not c["agrees"]]
+    if wrong:
+        lines += ["", "Launches whose results disagree with the current launch's (never chosen):"]
+        lines += [f"- {r['family']} {r['case']} {r['op']}: {label(w)}" for r, w in wrong]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--cases", nargs="+", default=[], help="only cases containing one of these")
+    parser.add_argument(
+        "--ops", nargs="+", default=[], help="only these ops (e.g. backprop_filter)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="timed rounds per candidate (median)"
+    )
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny case per family on the CPU: checks the script"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
+    elif jax.default_backend() != "gpu":
+        raise SystemExit("benchmarks/tune.py needs a CUDA GPU as JAX's default backend")
+    results: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "machine": gpu.environment(),
+        "rows": [],
+    }
+    for family in args.family:
+        for case, op, fn, fn_args in CASES[family](args.smoke):
+            if args.cases and not any(c in case for c in args.cases):
+                continue
+            if args.ops and op not in args.ops:
+                continue
+            row = {"family": family, "case": case, "op": op}
+            row.update(search(FAMILIES[family], fn, fn_args, args.rounds, args.smoke))
+            results["rows"].append(row)
+            print(
+                f"  {family} {case} {op}: {label(row['current'])} {row['current_ms']:.3f} ms, "
+                f"best {label(row['best'])} {row['best_ms']:.3f} ms",
+                flush=True,
+            )
+    print()
+    print(render(results["rows"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
