@@ -1,14 +1,18 @@
 """What the Pallas kernels compile to for an H100, measured without a GPU.
 
     pip install triton          # optional, as PyTorch is: never a dependency
-    python benchmarks/kernel_report.py [--arch sm_90a]
+    python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
 with the `ptxas` Triton ships. Prints, per kernel: registers per thread, bytes
-spilled, shared memory, and how many global loads are 128-bit vectors. It checks
-what a GPU run would otherwise find out late: that every kernel compiles, spills
-nothing, and reads memory in wide, coalesced loads. Times still need a GPU
+spilled, shared memory, and how many global loads are 128-bit vectors; then its
+programs (the grid), how many of them one multiprocessor holds at once (by CUDA's
+occupancy rules for an H100, from the registers, warps and shared memory), and
+the waves they take on ``--sms`` multiprocessors. It checks what a GPU run would
+otherwise find out late: that every kernel compiles, spills nothing, reads memory
+in wide, coalesced loads, and has programs enough to keep the GPU busy (a last
+wave far from full leaves multiprocessors idle). Times still need a GPU
 (benchmarks/gpu.py).
 """
 
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import math
 import os
 import pathlib
 import re
@@ -64,12 +70,37 @@ RESAMPLE_CASES = {
 VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
 GLOBAL_LOAD = re.compile(r"ld\.global")
 
+# What one streaming multiprocessor of an H100 holds at once (CUDA's occupancy
+# rules for compute capability 9.0), and how many an H100 SXM has.
+SM_REGISTERS = 65536
+SM_WARPS = 64
+SM_PROGRAMS = 32
+SM_SHARED = 228 * 1024
+SHARED_RESERVED = 1024  # per program, by the CUDA runtime
+REGISTER_UNIT = 256  # registers are given to a warp in blocks of this many
+H100_SMS = 132
 
-def triton_modules(fn, *args, capability: int) -> list[tuple[str, str, dict]]:
-    """(kernel name, Triton IR text, launch options) of every kernel in
-    ``jax.jit(fn)(*args)``, lowered for a CUDA GPU of compute capability
-    ``capability`` (90: sm_90a). The options are the warps and pipeline stages the
-    kernel asked for, which XLA compiles it with."""
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    ir: str  # the Triton IR JAX hands to XLA
+    options: dict  # the warps and pipeline stages the kernel asked for
+    programs: int  # the size of its grid
+
+
+def resident(registers: int, warps: int, shared: int) -> int:
+    """How many programs of a kernel one SM runs at once."""
+    per_warp = math.ceil(registers * 32 / REGISTER_UNIT) * REGISTER_UNIT
+    by_registers = SM_REGISTERS // per_warp // warps
+    by_shared = SM_SHARED // (shared + SHARED_RESERVED)
+    return min(by_registers, SM_WARPS // warps, SM_PROGRAMS, by_shared)
+
+
+def triton_modules(fn, *args, capability: int) -> list[Kernel]:
+    """Every kernel in ``jax.jit(fn)(*args)``, lowered for a CUDA GPU of compute
+    capability ``capability`` (90: sm_90a), with the launch options XLA compiles
+    it with."""
     from jax._src.pallas.triton import pallas_call_registration as registration
     from jax.experimental.pallas import triton as plgpu
 
@@ -83,7 +114,8 @@ def triton_modules(fn, *args, capability: int) -> list[tuple[str, str, dict]]:
         # defaults for what it left unset) into these locals; nothing public says them.
         rule = sys._getframe(1).f_locals
         options = {"num_warps": rule["num_warps"], "num_stages": rule["num_stages"]}
-        modules.append((re.search(r"module @(\w+)", text)[1], text, options))
+        name = re.search(r"module @(\w+)", text)[1]
+        modules.append(Kernel(name, text, options, math.prod(result.grid)))
         return result
 
     with contextlib.ExitStack() as patches:
@@ -174,23 +206,30 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90a", help="the ptxas target (H100: sm_90a)")
+    parser.add_argument("--sms", type=int, default=H100_SMS, help="the GPU's multiprocessors")
     args = parser.parse_args()
     try:
         import triton  # noqa: F401
     except ImportError:
         raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
-    print("| case | kernel | registers | spilled bytes | shared bytes | 128-bit loads |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| case | kernel | registers | spilled bytes | shared bytes | 128-bit loads "
+        "| programs | per SM | waves |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         steps = [(case, depthwise_step(*c)) for case, c in DEPTHWISE_CASES.items()]
         steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
         for case, (fn, *fn_args) in steps:
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
-            for name, ir, options in modules:
-                r = compile_report(ir, options, args.arch, pathlib.Path(tmp))
+            for kernel in modules:
+                r = compile_report(kernel.ir, kernel.options, args.arch, pathlib.Path(tmp))
+                per_sm = resident(r["registers"], kernel.options["num_warps"], r["shared"])
+                waves = kernel.programs / (per_sm * args.sms)
                 print(
-                    f"| {case} | {name} | {r['registers']} | {r['spilled']} | {r['shared']} "
-                    f"| {r['vector loads']} of {r['loads']} |",
+                    f"| {case} | {kernel.name} | {r['registers']} | {r['spilled']} "
+                    f"| {r['shared']} | {r['vector loads']} of {r['loads']} "
+                    f"| {kernel.programs} | {per_sm} | {waves:.2f} |",
                     flush=True,
                 )
 
