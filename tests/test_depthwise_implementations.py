@@ -191,6 +191,27 @@ def test_a_filter_larger_than_one_program_holds():
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
+    # The last kernel of the filter gradient adds the partials in blocks of
+    # _SUM_PROGRAMS rows, _SUM_LANES filter elements a program. Small blocks make a
+    # small case take several of each, the last ones cut short by masks.
+    monkeypatch.setattr(_pallas, "_SUM_PROGRAMS", 4)
+    monkeypatch.setattr(_pallas, "_SUM_LANES", 8)
+    jax.clear_caches()  # no kernel traced with the usual blocks is reused
+    cfg = make_cfg((5, 20, 6, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME")
+    strides, padding, kw = op_kwargs(cfg, "NHWC")
+    conv = _plan.configure(
+        "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
+    )
+    programs = conv.batch * -(-conv.out_size[0] // _pallas._FILTER_ROWS)
+    assert programs % 4 and programs > 2 * 4  # three blocks, the last one partial
+    x, _, dy = random_operands(cfg, 7)
+    df = jaxgrad.depthwise_conv2d_backprop_filter(
+        x, cfg["f_shape"], dy, strides, padding, implementation="pallas"
+    )
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
 # ----------------------------------------------------------------------------------
 # Choosing the implementation
 # ----------------------------------------------------------------------------------

@@ -426,16 +426,20 @@ def _partials_kernel(
         )
 
 
-# The partials are added up in blocks of this many programs' worth...
-_SUM_PROGRAMS = 32
+# The partials are added up in blocks of this many programs' worth (16 KiB of
+# float32 a block: each of 128 threads has eight 128-bit loads in flight at once,
+# and a program waits on memory once per block) ...
+_SUM_PROGRAMS = 128
 # ... for this many of the filter gradient's elements per program.
-_SUM_LANES = 128
+_SUM_LANES = 32
 
 
 def _sum_kernel(part_ref: Any, out_ref: Any, *, launch: _Launch) -> None:
-    """Adds the partials of all programs up in a fixed order: each block of
-    ``_SUM_PROGRAMS`` rows is summed as one tree (the same shape every time), and
-    the blocks' sums one after another."""
+    """Adds the partials of all programs up in a fixed order. The blocks of
+    ``_SUM_PROGRAMS`` rows are added elementwise, one after another, so that row
+    ``r`` of the running total sums partials ``r, r + _SUM_PROGRAMS, ...`` in turn;
+    then the total's rows are summed as one tree, the same shape every time. Only
+    that last sum crosses threads: the loop itself needs no barrier."""
     programs, size = part_ref.shape
     lanes = _kernels.lanes(pl.program_id(0), _SUM_LANES)
     inside = lanes < size
@@ -447,10 +451,11 @@ def _sum_kernel(part_ref: Any, out_ref: Any, *, launch: _Launch) -> None:
             mask=(rows < programs)[:, None] & inside[None, :],
             other=0,
         )
-        return total + jnp.sum(block, axis=0)
+        return total + block
 
     blocks = pl.cdiv(programs, _SUM_PROGRAMS)
-    total = lax.fori_loop(0, blocks, add_block, jnp.zeros((_SUM_LANES,), part_ref.dtype))
+    zeros = jnp.zeros((_SUM_PROGRAMS, _SUM_LANES), part_ref.dtype)
+    total = jnp.sum(lax.fori_loop(0, blocks, add_block, zeros), axis=0)
     plgpu.store(
         out_ref.at[launch.index(lanes, size, store=True)],
         total.astype(out_ref.dtype),
