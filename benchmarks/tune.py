@@ -7,12 +7,13 @@ The kernels cut their work by a launch: a tile of ``columns x channels``, the
 rows one program owns, and the warps that run it (``_launch`` in
 ``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For each
 case of benchmarks/gpu.py and each op, starting from the launch jaxgrad picks
-today, this times the neighbours of the best launch so far in one parameter at a
-time: the tile (each side halved, kept or doubled), then the rows (a quarter to
-four times), then the warps (2, 4, 8). A coordinate search: about 15 compiles
-per op instead of every combination's hundred. Every case of both families is
-well over a thousand compiles, so pick cases with ``--cases`` and ``--ops``
-(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``).
+today, this times the neighbours of the best launch so far in one group of
+parameters at a time: the tile (each side halved, kept or doubled) together with
+the warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
+its registers; then the rows (a quarter to four times). A coordinate search: about
+30 compiles per op instead of every combination's 135. Every case of both
+families is well over two thousand compiles, so pick cases with ``--cases`` and
+``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``).
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter
@@ -26,7 +27,7 @@ Nothing in the library changes: the candidates are imposed by wrapping
 their times (medians of interleaved rounds, timed as benchmarks/gpu.py times) and
 their ratio; adopting a launch is an edit to ``_launch``, checked by a rerun of
 benchmarks/gpu.py. ``--smoke`` runs a tiny case of each family on the CPU (the
-kernels interpreted, two candidates a parameter) to check the script itself.
+kernels interpreted, two candidates a group) to check the script itself.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from jaxgrad._depthwise import _pallas as depthwise_kernels
 from jaxgrad._resample import _pallas as resample_kernels
 
 FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
-# The launch's parameters, searched in this order.
-GROUPS = ("tile", "rows", "warps")
+# The launch's parameters, searched in this order: the tile and the warps together
+# (their ratio is the elements each thread holds, hence its registers), then the rows.
+GROUPS = ("tile and warps", "rows")
 WARPS = (2, 4, 8)
 
 
@@ -81,21 +83,20 @@ def fields_of(launch: Any) -> dict[str, int]:
 
 def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     """Launches that differ from ``best`` in one group of parameters (and ``best``)."""
-    if group == "tile":
+    if group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
-            {"cols": int(best["cols"] * a), "channels": int(best["channels"] * b)}
+            {"cols": int(best["cols"] * a), "channels": int(best["channels"] * b), "warps": w}
             for a in scales
             for b in scales
+            for w in sorted({*WARPS, best["warps"]})
         ]
         options = [o for o in options if o["cols"] >= 1 and o["channels"] >= 1]
-    elif group == "rows":
+    else:
         options = [
             {"rows": r}
             for r in sorted({max(1, int(best["rows"] * a)) for a in (0.25, 0.5, 1, 2, 4)})
         ]
-    else:
-        options = [{"warps": w} for w in sorted({*WARPS, best["warps"]})]
     return [{**best, **o} for o in options]
 
 
@@ -201,9 +202,11 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
             tried[name]["ms"] = ms
         best = tried[min(valid, key=lambda name: tried[name]["ms"])]["launch"]
     # The current and the best launch timed together once more: their ratio in one run.
-    final = gpu.rounds_ms(
-        {"current": tried[label(current)]["call"], "best": tried[label(best)]["call"]}, rounds
-    )
+    finalists = {"current": tried[label(current)]["call"]}
+    if best != current:
+        finalists["best"] = tried[label(best)]["call"]
+    final = gpu.rounds_ms(finalists, rounds)
+    final.setdefault("best", final["current"])
     return {
         "current": current,
         "best": best,

@@ -48,8 +48,8 @@ def test_tune_smoke(tmp_path):
     for row in rows:
         launches = [c["launch"] for c in row["candidates"]]
         assert launches[0] == row["current"] and row["best"] in launches
-        # One other launch per parameter, each different: the patch took effect.
-        assert len({tuple(sorted(launch.items())) for launch in launches}) == 4
+        # One other launch per group of parameters, each different: the patch took effect.
+        assert len({tuple(sorted(launch.items())) for launch in launches}) == 3
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
     assert "| current launch |" in result.stdout
