@@ -43,6 +43,9 @@ DEPTHWISE_CASES = {
     "[32,56,56,192] 5x5 s1 NHWC f32": ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", "float32"),
     "[32,112,112,32] 3x3 M2 NHWC bf16": ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", "bfloat16"),
     "[8,64,64,32] 7x7 s1 NHWC f32": ((8, 64, 64, 32), (7, 7, 32, 1), 1, "NHWC", "float32"),
+    # The example U-Net's narrowest layers (batch 64 of 128x128): few channels.
+    "[64,128,128,1] 3x3 s1 NHWC f32": ((64, 128, 128, 1), (3, 3, 1, 1), 1, "NHWC", "float32"),
+    "[64,64,64,16] 3x3 s1 NHWC f32": ((64, 64, 64, 16), (3, 3, 16, 1), 1, "NHWC", "float32"),
 }
 RESAMPLE_CASES = {
     # name: (input shape, scales, mode, dtype)

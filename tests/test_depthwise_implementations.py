@@ -191,25 +191,64 @@ def test_a_filter_larger_than_one_program_holds():
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_programs_of_many_rows(case, data_format, monkeypatch):
+    # On a GPU a program owns several rows where the grid has programs enough (on
+    # these small arrays, one row): here every kernel takes its most rows, so the
+    # row loops run, and the last block of rows is cut short by the image.
+    monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)
+    jax.clear_caches()  # no kernel traced with one row a program is reused
+    cfg = make_cfg(*CASES[case])
+    (x, f, dy), exact = operands(cfg, data_format, jnp.float64, seed=case)
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    conv = _plan.configure(
+        "test",
+        x.shape,
+        f.shape,
+        strides,
+        padding,
+        data_format,
+        kw["dilations"],
+        kw.get("explicit_paddings", ()),
+    )
+    assert all(_pallas._launch(conv, True, k).rows > 1 for k in ("forward", "input", "filter"))
+    want = references(cfg, *exact)
+    got = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
 def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
     # The last kernel of the filter gradient adds the partials in blocks of
-    # _SUM_PROGRAMS rows, _SUM_LANES filter elements a program. Small blocks make a
-    # small case take several of each, the last ones cut short by masks.
-    monkeypatch.setattr(_pallas, "_SUM_PROGRAMS", 4)
+    # _SUM_BLOCK elements, at most _SUM_LANES filter elements a program. Small
+    # blocks make a small case take several of each, the last ones cut short by
+    # masks.
+    monkeypatch.setattr(_pallas, "_SUM_BLOCK", 32)
     monkeypatch.setattr(_pallas, "_SUM_LANES", 8)
     jax.clear_caches()  # no kernel traced with the usual blocks is reused
-    cfg = make_cfg((5, 20, 6, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME")
+    cfg = make_cfg((5, 19, 6, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME")
     strides, padding, kw = op_kwargs(cfg, "NHWC")
     conv = _plan.configure(
         "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
     )
-    programs = conv.batch * -(-conv.out_size[0] // _pallas._FILTER_ROWS)
-    assert programs % 4 and programs > 2 * 4  # three blocks, the last one partial
+    programs = _pallas._grid(conv, _pallas._launch(conv, True, "filter"), "filter")[0]
+    rows, lanes = _pallas._sum_block(3 * 3 * 3)
+    assert (rows, lanes) == (4, 8)  # 27 elements: four programs, the last one partial
+    assert programs % rows and programs > 2 * rows  # three blocks or more, the last partial
     x, _, dy = random_operands(cfg, 7)
     df = jaxgrad.depthwise_conv2d_backprop_filter(
         x, cfg["f_shape"], dy, strides, padding, implementation="pallas"
     )
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+def test_a_small_filter_sums_more_partials_a_block():
+    # A block holds _SUM_BLOCK partial elements; lanes a filter lacks hold more partials.
+    block = _pallas._SUM_BLOCK
+    assert _pallas._sum_block(3 * 3 * 96) == (block // 32, 32)
+    assert _pallas._sum_block(3 * 3) == (block // 16, 16)
+    assert _pallas._sum_block(1) == (block, 1)
 
 
 # ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -68,18 +69,57 @@ class _Launch:
         return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
-def _launch(conv: Conv, interpret: bool, rows: int = 8) -> _Launch:
+# Elements per tile (columns x channels): 4 per thread of 4 warps.
+_TILE = 512
+# The channels a tile spans at most, by layout; the columns get the rest.
+_TILE_CHANNELS = {"NHWC": 32, "NCHW": 8}
+# Rows one program of each kernel owns at most: a filter-gradient program writes
+# one partial per tap, so more rows mean fewer partials to add up.
+_MOST_ROWS = {"forward": 8, "input": 8, "filter": 16}
+# Programs a kernel's grid should have at least, where fewer rows per program can
+# make them. An H100's 132 multiprocessors hold 4-12 of these programs each at
+# once, so 2048 make 1.3-4 waves: no multiprocessor left without work, and a last
+# wave cut short costs a fraction of the whole.
+_MIN_PROGRAMS = 2048
+
+
+def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
+    """The tile and the rows per program of ``kernel`` ("forward", "input",
+    "filter") for ``conv``."""
+    size, channels = _tiled(conv, kernel)
     # Loads are coalesced along the array's minor axis: channels in NHWC, columns
-    # in NCHW, so that axis gets the wide side of the tile.
-    if conv.nchw:
-        return _Launch(cols=64, channels=8, rows=rows, interpret=interpret)
-    return _Launch(cols=16, channels=32, rows=rows, interpret=interpret)
+    # in NCHW, so that axis gets the wide side of the tile. Lanes past the array's
+    # channels would idle, so an array with few channels gives them to the columns.
+    chans = min(pl.next_power_of_2(channels), _TILE_CHANNELS["NCHW" if conv.nchw else "NHWC"])
+    cols = min(pl.next_power_of_2(size[1]), _TILE // chans)
+    launch = _Launch(cols=cols, channels=chans, rows=_MOST_ROWS[kernel], interpret=interpret)
+    while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) < _MIN_PROGRAMS:
+        launch = dataclasses.replace(launch, rows=launch.rows // 2)
+    return launch
+
+
+def _tiled(conv: Conv, kernel: str) -> tuple[tuple[int, int], int]:
+    """The (rows, columns) and channels of the array whose tiles ``kernel``'s
+    programs own: the input gradient's, or the output (forward, filter gradient)."""
+    if kernel == "input":
+        return conv.in_size, conv.channels
+    return conv.out_size, conv.channels * conv.multiplier
+
+
+def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
+    """The programs of ``kernel``: images x row blocks, channel blocks, and column
+    blocks (the filter gradient: tap groups, its programs loop over the columns)."""
+    size, channels = _tiled(conv, kernel)
+    last = len(_tap_groups(conv)) if kernel == "filter" else pl.cdiv(size[1], launch.cols)
+    return (
+        conv.batch * pl.cdiv(size[0], launch.rows),
+        pl.cdiv(channels, launch.channels),
+        last,
+    )
 
 
 # Taps whose float32 sums one filter-gradient program keeps in registers at once.
 _TAPS_PER_PROGRAM = 16
-# Output rows one filter-gradient program sums over: fewer partials to add up.
-_FILTER_ROWS = 16
 
 
 def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
@@ -251,29 +291,17 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     lax.fori_loop(0, launch.rows, row, None)
 
 
-def _pixel_grid(
-    conv: Conv, launch: _Launch, size: tuple[int, int], channels: int
-) -> tuple[int, int, int]:
-    """The grid of a kernel that writes the pixels of an image of ``size``:
-    (images x row blocks, channel blocks, column blocks)."""
-    return (
-        conv.batch * pl.cdiv(size[0], launch.rows),
-        pl.cdiv(channels, launch.channels),
-        pl.cdiv(size[1], launch.cols),
-    )
-
-
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     empty = _empty(conv, conv.output_shape, x.dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret)
+    launch = _launch(conv, interpret, "forward")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     return launch.call(
         functools.partial(_forward_kernel, conv=conv),
         _struct(conv.output_shape, x.dtype),
-        _pixel_grid(conv, launch, conv.out_size, channels),
+        _grid(conv, launch, "forward"),
         x,
         f.reshape(fh * fw, channels),
     )
@@ -338,12 +366,12 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
     empty = _empty(conv, conv.input_shape, dy.dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret)
+    launch = _launch(conv, interpret, "input")
     fh, fw = conv.kernel
     return launch.call(
         functools.partial(_input_kernel, conv=conv),
         _struct(conv.input_shape, dy.dtype),
-        _pixel_grid(conv, launch, conv.in_size, conv.channels),
+        _grid(conv, launch, "input"),
         f.reshape(fh * fw, conv.channels * conv.multiplier),
         dy,
     )
@@ -426,35 +454,44 @@ def _partials_kernel(
         )
 
 
-# The partials are added up in blocks of this many programs' worth (16 KiB of
-# float32 a block: each of 128 threads has eight 128-bit loads in flight at once,
-# and a program waits on memory once per block) ...
-_SUM_PROGRAMS = 128
-# ... for this many of the filter gradient's elements per program.
+# The partials are added up in blocks of this many elements (16 KiB of float32:
+# each of 128 threads has eight 128-bit loads in flight at once, and a program
+# waits on memory once per block) ...
+_SUM_BLOCK = 4096
+# ... spanning this many of the filter gradient's elements at most, one program
+# for each such span; the rest of a block is more programs' partials.
 _SUM_LANES = 32
 
 
-def _sum_kernel(part_ref: Any, out_ref: Any, *, launch: _Launch) -> None:
+def _sum_block(size: int) -> tuple[int, int]:
+    """The (partials, elements) of a block when the filter gradient has ``size``
+    elements: a small filter's block takes more partials."""
+    lanes = min(pl.next_power_of_2(size), _SUM_LANES)
+    return _SUM_BLOCK // lanes, lanes
+
+
+def _sum_kernel(part_ref: Any, out_ref: Any, *, block: tuple[int, int], launch: _Launch) -> None:
     """Adds the partials of all programs up in a fixed order. The blocks of
-    ``_SUM_PROGRAMS`` rows are added elementwise, one after another, so that row
-    ``r`` of the running total sums partials ``r, r + _SUM_PROGRAMS, ...`` in turn;
-    then the total's rows are summed as one tree, the same shape every time. Only
-    that last sum crosses threads: the loop itself needs no barrier."""
+    ``block[0]`` partials are added elementwise, one after another, so that row
+    ``r`` of the running total sums partials ``r, r + block[0], ...`` in turn; then
+    the total's rows are summed as one tree, the same shape every time. Only that
+    last sum crosses threads: the loop itself needs no barrier."""
     programs, size = part_ref.shape
-    lanes = _kernels.lanes(pl.program_id(0), _SUM_LANES)
+    block_rows, block_lanes = block
+    lanes = _kernels.lanes(pl.program_id(0), block_lanes)
     inside = lanes < size
 
     def add_block(b: Any, total: jax.Array) -> jax.Array:
-        rows = _kernels.lanes(b, _SUM_PROGRAMS)
-        block = plgpu.load(
+        rows = _kernels.lanes(b, block_rows)
+        partials = plgpu.load(
             part_ref.at[launch.index(rows, programs)[:, None], launch.index(lanes, size)[None, :]],
             mask=(rows < programs)[:, None] & inside[None, :],
             other=0,
         )
-        return total + block
+        return total + partials
 
-    blocks = pl.cdiv(programs, _SUM_PROGRAMS)
-    zeros = jnp.zeros((_SUM_PROGRAMS, _SUM_LANES), part_ref.dtype)
+    blocks = pl.cdiv(programs, block_rows)
+    zeros = jnp.zeros(block, part_ref.dtype)
     total = jnp.sum(lax.fori_loop(0, blocks, add_block, zeros), axis=0)
     plgpu.store(
         out_ref.at[launch.index(lanes, size, store=True)],
@@ -472,22 +509,24 @@ def filter_gradient(
     empty = _empty(conv, conv.filter_shape, out_dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret, rows=_FILTER_ROWS)
+    launch = _launch(conv, interpret, "filter")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
-    programs = conv.batch * pl.cdiv(conv.out_size[0], launch.rows)
+    grid = _grid(conv, launch, "filter")
+    programs = grid[0]  # each writes one partial per tap and channel
     partials = launch.call(
         functools.partial(_partials_kernel, conv=conv),
         _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
-        (programs, pl.cdiv(channels, launch.channels), len(_tap_groups(conv))),
+        grid,
         x,
         dy,
     )
     size = fh * fw * channels
+    block = _sum_block(size)
     summed = launch.call(
-        _sum_kernel,
+        functools.partial(_sum_kernel, block=block),
         _struct((size,), out_dtype),
-        (pl.cdiv(size, _SUM_LANES),),
+        (pl.cdiv(size, block[1]),),
         partials.reshape(programs, size),
     )
     return summed.reshape(conv.filter_shape)
