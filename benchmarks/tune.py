@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -110,38 +111,56 @@ def label(fields: dict[str, int]) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def depthwise_cases(smoke: bool) -> Iterator[tuple[str, str, Callable, tuple]]:
-    """(case, op, fn, args) for every depthwise case, layout and dtype of gpu.py."""
-    rng = np.random.default_rng(0)
+# (case, op, build): build() makes every op of the case and its arrays, once, as
+# {op: (fn, args)}; only the cases asked for are built.
+Case = tuple[str, str, Callable[[], dict[str, tuple[Callable, tuple]]]]
+
+
+def depthwise_cases(smoke: bool) -> Iterator[Case]:
+    """Every depthwise case, layout, dtype and op of gpu.py."""
     cases = gpu.CASES[-1:] if smoke else gpu.CASES
     for _, (n, h, w, c), (fh, fw, m), stride in cases:
         if smoke:
             n, h, w, c = 1, 9, 10, 4
         case = f"[{n},{h},{w},{c}] {fh}x{fw} s{stride}" + (f" M{m}" if m > 1 else "")
-        layouts = gpu.LAYOUTS[:1] if smoke else gpu.LAYOUTS
-        for fmt in layouts:
+        for fmt in gpu.LAYOUTS[:1] if smoke else gpu.LAYOUTS:
             for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
                 shape = (n, c, h, w) if fmt == "NCHW" else (n, h, w, c)
                 oh, ow = -(-h // stride), -(-w // stride)
                 out = (n, c * m, oh, ow) if fmt == "NCHW" else (n, oh, ow, c * m)
-                x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
-                f = jnp.asarray(rng.normal(size=(fh, fw, c, m)), dtype)
-                ops = gpu.jaxgrad_ops(fmt, shape, f.shape, stride, "pallas")
-                for op, fn, args in gpu._named(ops, x, f, dy):
-                    yield f"{case} {fmt} {dtype}", op, fn, args
+                build = functools.cache(
+                    partial(depthwise_ops, fmt, shape, out, (fh, fw, c, m), stride, dtype)
+                )
+                for op in gpu.OPS:
+                    yield f"{case} {fmt} {dtype}", op, build
 
 
-def resample_cases(smoke: bool) -> Iterator[tuple[str, str, Callable, tuple]]:
-    """(case, op, fn, args) for every resample case and dtype of gpu.py."""
+def depthwise_ops(fmt: str, shape: tuple, out: tuple, f_shape: tuple, stride: int, dtype: str):
+    """Each depthwise op with the kernels forced, and its arrays: {op: (fn, args)}."""
     rng = np.random.default_rng(0)
+    x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
+    f = jnp.asarray(rng.normal(size=f_shape), dtype)
+    ops = gpu.jaxgrad_ops(fmt, shape, f_shape, stride, "pallas")
+    return {op: (fn, args) for op, fn, args in gpu._named(ops, x, f, dy)}
+
+
+def resample_cases(smoke: bool) -> Iterator[Case]:
+    """Every resample case, dtype and op of gpu.py."""
     for layout, shape, axes, mode, scale in gpu.resample_cases(smoke)[: 1 if smoke else None]:
         scales, out = gpu.resample_shapes(shape, axes, scale)
         for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
-            x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
-            ops = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
             case = f"{list(shape)} {layout} {mode} {scale}x {dtype}"
-            yield case, "forward", ops["forward"], (x,)
-            yield case, "backward", ops["backward"], (dy,)
+            build = functools.cache(partial(resample_ops, shape, out, scales, mode, dtype))
+            for op in ("forward", "backward"):
+                yield case, op, build
+
+
+def resample_ops(shape: tuple, out: tuple, scales: tuple, mode: str, dtype: str):
+    """resample and its gradient with the kernel forced, and their arrays."""
+    rng = np.random.default_rng(0)
+    x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
+    ops = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
+    return {"forward": (ops["forward"], (x,)), "backward": (ops["backward"], (dy,))}
 
 
 CASES = {"depthwise": depthwise_cases, "resample": resample_cases}
@@ -262,12 +281,13 @@ def main() -> None:
         "rows": [],
     }
     for family in args.family:
-        for case, op, fn, fn_args in CASES[family](args.smoke):
+        for case, op, build in CASES[family](args.smoke):
             if args.cases and not any(c in case for c in args.cases):
                 continue
             if args.ops and op not in args.ops:
                 continue
             row = {"family": family, "case": case, "op": op}
+            fn, fn_args = build()[op]
             row.update(search(FAMILIES[family], fn, fn_args, args.rounds, args.smoke))
             results["rows"].append(row)
             print(
