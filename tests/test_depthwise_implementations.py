@@ -219,6 +219,34 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
 
 
+@pytest.mark.parametrize(
+    ("data_format", "channels", "m", "repeats"),
+    [
+        ("NHWC", 3, 2, True),
+        ("NHWC", 9, 4, True),  # 36 output channels: a second, partial channel tile
+        ("NCHW", 3, 8, True),  # a tile of 8 output channels: one input channel
+        ("NCHW", 2, 16, False),  # more than a tile's 8 channels
+        ("NHWC", 2, 3, False),  # not a power of two
+    ],
+)
+def test_multipliers_read_each_input_channel_once_where_they_can(data_format, channels, m, repeats):
+    # With a power-of-two multiplier that fits in a tile, the kernels read a tile's
+    # input channels once and repeat them across the output lanes (the input
+    # gradient: read output lanes and sum each channel's M); otherwise they read an
+    # input channel once for each of its output channels. Both give the reference.
+    cfg = make_cfg((2, 6, 5, channels), (3, 2, channels, m), (2, 1), (1, 2), "SAME")
+    (x, f, dy), exact = operands(cfg, data_format, jnp.float64, seed=m)
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    conv = _plan.configure(
+        "test", x.shape, f.shape, strides, padding, data_format, kw["dilations"], ()
+    )
+    assert _pallas._repeats(conv) == repeats
+    want = references(cfg, *exact)
+    got = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
 def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
     # The last kernel of the filter gradient adds the partials in blocks of
     # _SUM_BLOCK elements, at most _SUM_LANES filter elements a program. Small

@@ -90,7 +90,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
     # Loads are coalesced along the array's minor axis: channels in NHWC, columns
     # in NCHW, so that axis gets the wide side of the tile. Lanes past the array's
     # channels would idle, so an array with few channels gives them to the columns.
-    chans = min(pl.next_power_of_2(channels), _TILE_CHANNELS["NCHW" if conv.nchw else "NHWC"])
+    chans = min(pl.next_power_of_2(channels), _TILE_CHANNELS[_layout_name(conv)])
     cols = min(pl.next_power_of_2(size[1]), _TILE // chans)
     launch = _Launch(cols=cols, channels=chans, rows=_MOST_ROWS[kernel], interpret=interpret)
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) < _MIN_PROGRAMS:
@@ -99,11 +99,27 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
 
 
 def _tiled(conv: Conv, kernel: str) -> tuple[tuple[int, int], int]:
-    """The (rows, columns) and channels of the array whose tiles ``kernel``'s
-    programs own: the input gradient's, or the output (forward, filter gradient)."""
+    """The (rows, columns) and channel lanes of the tiles ``kernel``'s programs own:
+    the input gradient's, or the output's (forward, filter gradient). Where input
+    channels are repeated in registers, the input gradient's lanes are output
+    channels too, summed over the multiplier before they are written."""
     if kernel == "input":
-        return conv.in_size, conv.channels
+        lanes = conv.channels * conv.multiplier if _repeats(conv) else conv.channels
+        return conv.in_size, lanes
     return conv.out_size, conv.channels * conv.multiplier
+
+
+def _repeats(conv: Conv) -> bool:
+    """Whether tiles read each input channel once and repeat it in registers for
+    the ``M`` output channels ``k * M + q`` it feeds, rather than read it ``M``
+    times: equal indices side by side are a load Triton cannot vectorize. That
+    takes a multiplier ``M > 1`` that is a power of two and fits in a tile."""
+    m = conv.multiplier
+    return 1 < m <= _TILE_CHANNELS[_layout_name(conv)] and m & (m - 1) == 0
+
+
+def _layout_name(conv: Conv) -> str:
+    return "NCHW" if conv.nchw else "NHWC"
 
 
 def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
@@ -235,11 +251,47 @@ class _Taps:
         return total
 
 
-def _input_channels(out_chans: jax.Array, conv: Conv) -> jax.Array:
-    """The input channel ``k`` of each output channel ``k * M + q``."""
-    if conv.multiplier == 1:
+def _input_lanes(conv: Conv, launch: _Launch) -> jax.Array:
+    """The input channels a program's tile of output channels reads: each once
+    where the tile repeats them (``_repeats``), else input channel ``k`` for each
+    output channel ``k * M + q``."""
+    m = conv.multiplier
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    if m == 1:
         return out_chans  # kept an arange: the loads stay vectorizable
-    return out_chans // conv.multiplier
+    if _repeats(conv):
+        return _kernels.lanes(pl.program_id(1), launch.channels // m)
+    return out_chans // m
+
+
+def _input_window(
+    x_ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    row: Any,
+    cols: Any,
+    chans: Any,
+    dtype: Any,
+    *,
+    wanted: Any = True,
+) -> jax.Array:
+    """The ``[len(cols), output channels]`` tile of the input that a tap reads at
+    one row, from the ``chans`` of ``_input_lanes`` (``_read`` says the rest)."""
+    window = _read(x_ref, conv, launch, n, row, cols, chans, dtype, wanted=wanted)
+    return _repeat_lanes(window, conv.multiplier) if _repeats(conv) else window
+
+
+def _repeat_lanes(tile: jax.Array, m: int) -> jax.Array:
+    """``[cols, k]`` to ``[cols, k * m]``: lane ``k * m + q`` holds lane ``k``."""
+    cols, k = tile.shape
+    return jnp.broadcast_to(tile[:, :, None], (cols, k, m)).reshape(cols, k * m)
+
+
+def _sum_lane_groups(tile: jax.Array, m: int) -> jax.Array:
+    """``[cols, k * m]`` to ``[cols, k]``: lane ``k`` sums lanes ``k * m + q``."""
+    cols, lanes = tile.shape
+    return jnp.sum(tile.reshape(cols, lanes // m, m), axis=2)
 
 
 def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
@@ -259,7 +311,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     out_cols = _kernels.lanes(pl.program_id(2), launch.cols)
-    in_chans = _input_channels(out_chans, conv)
+    in_chans = _input_lanes(conv, launch)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
@@ -270,7 +322,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
 
         def filter_row(di: Any, total: jax.Array) -> jax.Array:
             for dj in range(fw):
-                window = _read(
+                window = _input_window(
                     x_ref,
                     conv,
                     launch,
@@ -331,12 +383,20 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     m = conv.multiplier
     row_blocks = pl.cdiv(conv.in_size[0], launch.rows)
     n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
-    chans = _kernels.lanes(pl.program_id(1), launch.channels)
     cols = _kernels.lanes(pl.program_id(2), launch.cols)
+    repeats = _repeats(conv)
+    if repeats:
+        # The lanes are output channels, read in contiguous tiles; each input
+        # channel's M lanes are summed once, before the write.
+        out_lanes = [_kernels.lanes(pl.program_id(1), launch.channels)]
+        chans = _kernels.lanes(pl.program_id(1), launch.channels // m)
+    else:
+        chans = _kernels.lanes(pl.program_id(1), launch.channels)
+        out_lanes = [chans * m + q for q in range(m)]
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
-    taps = _Taps(f_ref, launch, conv, [chans * m + q for q in range(m)], dtype)
+    taps = _Taps(f_ref, launch, conv, out_lanes, dtype)
 
     def row(r: Any, carry: None) -> None:
         p = first + r
@@ -347,15 +407,15 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
                 # Rows and columns no output reads through this tap are masked.
                 j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
                 reached = row_reached & col_reached
-                for q in range(m):
-                    grad = _read(
-                        dy_ref, conv, launch, n, i, j, chans * m + q, dtype, wanted=reached
-                    )
+                for q, lanes in enumerate(out_lanes):
+                    grad = _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached)
                     total = total + grad * taps(di * fw + dj, q)[None, :]
             return total
 
         zeros = jnp.zeros((launch.cols, launch.channels), dtype)
         total = taps.sum_over_filter_rows(filter_row, zeros)
+        if repeats:
+            total = _sum_lane_groups(total, m)
         _write(dx_ref, conv, launch, n, p, cols, chans, total)
         return carry
 
@@ -398,7 +458,7 @@ def _partials_kernel(
     program = pl.program_id(0)
     n, first = program // row_blocks, program % row_blocks * launch.rows
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
-    in_chans = _input_channels(out_chans, conv)
+    in_chans = _input_lanes(conv, launch)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
@@ -419,7 +479,7 @@ def _partials_kernel(
                     di, dj = divmod(t, fw)
                     # Past the last output row or column the window is masked: an
                     # infinite input there must not meet dy's zero.
-                    window = _read(
+                    window = _input_window(
                         x_ref,
                         conv,
                         launch,
