@@ -22,6 +22,9 @@ the rows: a candidate must agree to one rounding of the output dtype per element
 plus a few float32 roundings of the largest value, or it is listed as
 disagreeing and never chosen.
 
+A launch that fails to compile or run (a tile beyond the GPU's shared memory,
+say) is listed with its error and never chosen; the search goes on.
+
 Nothing in the library changes: the candidates are imposed by wrapping
 ``_launch``. It prints, per case and op, the current launch, the best one found,
 their times (medians of interleaved rounds, timed as benchmarks/gpu.py times) and
@@ -198,6 +201,22 @@ def agrees(got: np.ndarray, want: np.ndarray, dtype: Any) -> bool:
     return bool(np.all(np.abs(got - want) <= rounding + regrouping))
 
 
+def candidate(
+    module: Any, fn: Callable, args: tuple, fields: dict[str, int], want: np.ndarray, dtype: Any
+) -> dict:
+    """``fn`` compiled and run under the launch ``fields``, and whether its result
+    agrees with ``want``. A launch the GPU cannot run (a tile too large for its
+    shared memory, say) is recorded with the error's first line, not raised: one
+    such candidate must not end a search that has used minutes of the GPU."""
+    try:
+        call, got, given = compiled(module, fn, args, fields)
+    except Exception as error:  # whatever the failure, it rules the candidate out
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        reason = f"{type(error).__name__}: {first_line[:160]}"
+        return {"launch": fields, "call": None, "agrees": False, "error": reason}
+    return {"launch": given, "call": call, "agrees": agrees(got, want, dtype)}
+
+
 def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> dict:
     """The current launch of ``fn``'s kernels, the best one found, and every candidate."""
     dtype = args[0].dtype
@@ -210,12 +229,7 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
             options = [best, next(o for o in options if o != best)]
         for fields in options:
             if label(fields) not in tried:
-                call, got, given = compiled(module, fn, args, fields)
-                tried[label(fields)] = {
-                    "launch": given,
-                    "call": call,
-                    "agrees": agrees(got, want, dtype),
-                }
+                tried[label(fields)] = candidate(module, fn, args, fields, want, dtype)
         valid = {label(o): tried[label(o)]["call"] for o in options if tried[label(o)]["agrees"]}
         for name, ms in gpu.rounds_ms(valid, rounds).items():
             tried[name]["ms"] = ms
@@ -232,7 +246,12 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
         "current_ms": final["current"],
         "best_ms": final["best"],
         "candidates": [
-            {"launch": t["launch"], "ms": t.get("ms"), "agrees": t["agrees"]}
+            {
+                "launch": t["launch"],
+                "ms": t.get("ms"),
+                "agrees": t["agrees"],
+                "error": t.get("error"),
+            }
             for t in tried.values()
         ],
     }
@@ -249,10 +268,14 @@ def render(rows: list[dict]) -> str:
             f"| {r['current_ms']:.3f} | {label(r['best'])} | {r['best_ms']:.3f} "
             f"| {r['current_ms'] / r['best_ms']:.2f} |"
         )
-    wrong = [(r, c["launch"]) for r in rows for c in r["candidates"] if not c["agrees"]]
+    wrong = [(r, c) for r in rows for c in r["candidates"] if not c["agrees"]]
     if wrong:
-        lines += ["", "Launches whose results disagree with the current launch's (never chosen):"]
-        lines += [f"- {r['family']} {r['case']} {r['op']}: {label(w)}" for r, w in wrong]
+        lines += ["", "Launches that failed, or disagree with the current launch's (never chosen):"]
+        lines += [
+            f"- {r['family']} {r['case']} {r['op']}: {label(c['launch'])}"
+            + (f" ({c['error']})" if c["error"] else "")
+            for r, c in wrong
+        ]
     return "\n".join(lines)
 
 

@@ -5,8 +5,11 @@ tried there."""
 
 import importlib.util
 import json
+import pathlib
 
 from helpers import run_script
+
+BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
 def test_gpu_benchmark_smoke(tmp_path):
@@ -50,3 +53,21 @@ def test_tune_smoke(tmp_path):
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
     assert "| current launch |" in result.stdout
+
+
+def test_tune_rules_out_a_launch_that_fails(monkeypatch):
+    """A candidate launch that fails to compile or run is recorded with its error
+    and never chosen, and the search goes on (a GPU run must not end there)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    [(_, op, build)] = [c for c in tune.CASES["depthwise"](True) if c[1] == "backprop_filter"]
+    fn, args = build()[op]
+    module = tune.FAMILIES["depthwise"]
+    _, want, current = tune.compiled(module, fn, args)
+    failed = tune.candidate(module, fn, args, {**current, "cols": 0}, want, args[0].dtype)
+    assert not failed["agrees"] and failed["error"].startswith("ZeroDivisionError")
+    assert tune.candidate(module, fn, args, current, want, args[0].dtype)["agrees"]
+    row = {"family": "depthwise", "case": "tiny", "op": op, "current": current, "best": current}
+    row.update(current_ms=1.0, best_ms=1.0, candidates=[failed])
+    assert "ZeroDivisionError" in tune.render([row])
