@@ -6,7 +6,8 @@
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
 with the `ptxas` Triton ships. Prints, per kernel: registers per thread, bytes
-spilled, shared memory, and how many global loads are 128-bit vectors; then its
+spilled, shared memory, and its global loads by width (``16B x 9``: nine loads of
+16 bytes a thread; wider loads read a tile in fewer instructions); then its
 programs (the grid), how many of them one multiprocessor holds at once (by CUDA's
 occupancy rules for an H100, from the registers, warps and shared memory), and
 the waves they take on ``--sms`` multiprocessors. It checks what a GPU run would
@@ -70,8 +71,8 @@ RESAMPLE_CASES = {
         "float32",
     ),
 }
-VECTOR_LOAD = re.compile(r"ld\.global(\.[a-z0-9]+)*\.v[248]")
-GLOBAL_LOAD = re.compile(r"ld\.global")
+# A global load in PTX, its vector length and its element's bits: ld.global.v4.b32.
+GLOBAL_LOAD = re.compile(r"ld\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
 
 # What one streaming multiprocessor of an H100 holds at once (CUDA's occupancy
 # rules for compute capability 9.0), and how many an H100 SXM has.
@@ -201,9 +202,15 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
         "registers": int(re.search(r"Used (\d+) registers", info)[1]),
         "spilled": int(re.search(r"(\d+) bytes spill stores", info)[1]),
         "shared": kernel.metadata.shared,
-        "loads": len(GLOBAL_LOAD.findall(ptx)),
-        "vector loads": len(VECTOR_LOAD.findall(ptx)),
+        "loads": load_widths(ptx),
     }
+
+
+def load_widths(ptx: str) -> str:
+    """The global loads of ``ptx`` by the bytes one thread reads, widest first:
+    ``16B x 9, 4B x 3``."""
+    widths = [int(vector or 1) * int(bits) // 8 for vector, bits in GLOBAL_LOAD.findall(ptx)]
+    return ", ".join(f"{w}B x {widths.count(w)}" for w in sorted(set(widths), reverse=True))
 
 
 def main() -> None:
@@ -216,7 +223,7 @@ def main() -> None:
     except ImportError:
         raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
     print(
-        "| case | kernel | registers | spilled bytes | shared bytes | 128-bit loads "
+        "| case | kernel | registers | spilled bytes | shared bytes | global loads "
         "| programs | per SM | waves |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
@@ -231,7 +238,7 @@ def main() -> None:
                 waves = kernel.programs / (per_sm * args.sms)
                 print(
                     f"| {case} | {kernel.name} | {r['registers']} | {r['spilled']} "
-                    f"| {r['shared']} | {r['vector loads']} of {r['loads']} "
+                    f"| {r['shared']} | {r['loads']} "
                     f"| {kernel.programs} | {per_sm} | {waves:.2f} |",
                     flush=True,
                 )
