@@ -3,10 +3,12 @@
 Every kernel works on tiles of one image row, ``[columns, channels]`` whatever
 the layout: a tile is read with index vectors along both axes, so NHWC and NCHW
 differ only in which of the array's axes those vectors address. Reads outside
-the input (padding) are masked loads, never a padded copy. A program owns a
-block of rows, and its float32 sums (float64 for float64) run over the filter
-taps in one fixed order, so every result is the same bits on every run: no
-atomics, and no reduction left for a compiler to retile.
+the input (padding) are masked loads, never a padded copy. With a depth
+multiplier ``M`` (a power of two), a tile of output channels reads its input
+channels once and repeats each across its ``M`` lanes in registers. A program
+owns a block of rows, and its float32 sums (float64 for float64) run over the
+filter taps in one fixed order, so every result is the same bits on every run:
+no atomics, and no reduction left for a compiler to retile.
 
 - forward: a program writes a block of output rows; each output tile is the sum
   over the taps of the input tile the tap reads times the tap.
