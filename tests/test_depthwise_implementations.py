@@ -260,7 +260,7 @@ def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
     conv = _plan.configure(
         "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
     )
-    programs = _pallas._grid(conv, _pallas._launch(conv, True, "filter"), "filter")[0]
+    programs = _pallas._row_programs(conv, _pallas._launch(conv, True, "filter"), "filter")
     rows, lanes = _pallas._sum_block(3 * 3 * 3)
     assert (rows, lanes) == (4, 8)  # 27 elements: four programs, the last one partial
     assert programs % rows and programs > 2 * rows  # three blocks or more, the last partial

@@ -126,14 +126,22 @@ def _layout_name(conv: Conv) -> str:
 
 def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
     """The programs of ``kernel``: images x row blocks, channel blocks, and column
-    blocks (the filter gradient: tap groups, its programs loop over the columns)."""
+    blocks. The filter gradient's programs loop over the columns; a filter of more
+    taps than one program sums splits them into groups (``_tap_groups``) instead,
+    the group varying fastest along the first axis: a GPU starts the programs of
+    one block of rows side by side, so the second group reads that block from
+    the cache where the first read it from memory."""
     size, channels = _tiled(conv, kernel)
-    last = len(_tap_groups(conv)) if kernel == "filter" else pl.cdiv(size[1], launch.cols)
-    return (
-        conv.batch * pl.cdiv(size[0], launch.rows),
-        pl.cdiv(channels, launch.channels),
-        last,
-    )
+    channel_blocks = pl.cdiv(channels, launch.channels)
+    if kernel == "filter":
+        return (_row_programs(conv, launch, kernel) * len(_tap_groups(conv)), channel_blocks, 1)
+    return (_row_programs(conv, launch, kernel), channel_blocks, pl.cdiv(size[1], launch.cols))
+
+
+def _row_programs(conv: Conv, launch: _Launch, kernel: str) -> int:
+    """The images times the blocks of ``launch.rows`` rows of ``kernel``'s tiles."""
+    (rows, _), _ = _tiled(conv, kernel)
+    return conv.batch * pl.cdiv(rows, launch.rows)
 
 
 # Taps whose float32 sums one filter-gradient program keeps in registers at once.
@@ -456,15 +464,15 @@ def _partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
+    groups = _tap_groups(conv)
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
-    program = pl.program_id(0)
+    program, group = divmod(pl.program_id(0), len(groups))  # the group varies fastest
     n, first = program // row_blocks, program % row_blocks * launch.rows
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
-    groups = _tap_groups(conv)
     col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
 
     def group_partials(start: int, stop: int) -> None:
@@ -509,11 +517,8 @@ def _partials_kernel(
     if len(groups) == 1:
         group_partials(*groups[0])
         return
-    # Each group of taps is its own program along grid axis 2.
     for g, (start, stop) in enumerate(groups):
-        lax.cond(
-            pl.program_id(2) == g, functools.partial(group_partials, start, stop), lambda: None
-        )
+        lax.cond(group == g, functools.partial(group_partials, start, stop), lambda: None)
 
 
 # The partials are added up in blocks of this many elements (16 KiB of float32:
@@ -574,12 +579,11 @@ def filter_gradient(
     launch = _launch(conv, interpret, "filter")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
-    grid = _grid(conv, launch, "filter")
-    programs = grid[0]  # each writes one partial per tap and channel
+    programs = _row_programs(conv, launch, "filter")  # each one partial per tap and channel
     partials = launch.call(
         functools.partial(_partials_kernel, conv=conv),
         _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
-        grid,
+        _grid(conv, launch, "filter"),
         x,
         dy,
     )
