@@ -129,8 +129,8 @@ def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
     blocks. The filter gradient's programs loop over the columns; a filter of more
     taps than one program sums splits them into groups (``_tap_groups``) instead,
     the group varying fastest along the first axis: a GPU starts the programs of
-    one block of rows side by side, so the second group reads that block from
-    the cache where the first read it from memory."""
+    one block of rows side by side, so that the later groups can find the block
+    in its L2 cache rather than read it from memory again."""
     size, channels = _tiled(conv, kernel)
     channel_blocks = pl.cdiv(channels, launch.channels)
     if kernel == "filter":
@@ -274,21 +274,10 @@ def _input_lanes(conv: Conv, launch: _Launch) -> jax.Array:
     return out_chans // m
 
 
-def _input_window(
-    x_ref: Any,
-    conv: Conv,
-    launch: _Launch,
-    n: Any,
-    row: Any,
-    cols: Any,
-    chans: Any,
-    dtype: Any,
-    *,
-    wanted: Any = True,
-) -> jax.Array:
-    """The ``[len(cols), output channels]`` tile of the input that a tap reads at
-    one row, from the ``chans`` of ``_input_lanes`` (``_read`` says the rest)."""
-    window = _read(x_ref, conv, launch, n, row, cols, chans, dtype, wanted=wanted)
+def _on_output_lanes(window: jax.Array, conv: Conv) -> jax.Array:
+    """An input tile read at ``_input_lanes``, as the tile of the output channels
+    it feeds: each input channel repeated across its ``M`` lanes where the tile
+    read it once."""
     return _repeat_lanes(window, conv.multiplier) if _repeats(conv) else window
 
 
@@ -332,7 +321,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
 
         def filter_row(di: Any, total: jax.Array) -> jax.Array:
             for dj in range(fw):
-                window = _input_window(
+                window = _read(
                     x_ref,
                     conv,
                     launch,
@@ -342,6 +331,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
                     in_chans,
                     dtype,
                 )
+                window = _on_output_lanes(window, conv)
                 total = total + window * taps(di * fw + dj, 0)[None, :]
             return total
 
@@ -489,7 +479,7 @@ def _partials_kernel(
                     di, dj = divmod(t, fw)
                     # Past the last output row or column the window is masked: an
                     # infinite input there must not meet dy's zero.
-                    window = _input_window(
+                    window = _read(
                         x_ref,
                         conv,
                         launch,
@@ -500,6 +490,7 @@ def _partials_kernel(
                         dtype,
                         wanted=row_inside & cols_inside,
                     )
+                    window = _on_output_lanes(window, conv)
                     new.append(total + window * grad)
                 return tuple(new)
 
