@@ -71,3 +71,28 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     row = {"family": "depthwise", "case": "tiny", "op": op, "current": current, "best": current}
     row.update(current_ms=1.0, best_ms=1.0, candidates=[failed])
     assert "ZeroDivisionError" in tune.render([row])
+
+
+def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
+    """What ``benchmarks/kernel_report.py`` reads from a compiled kernel, checked
+    on known inputs (compiling needs the optional ``triton`` package; this does not)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+
+    ptx = """
+        ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+        @%p1 ld.global.L1::evict_last.v2.b32 { %r5, %r6 }, [ %rd2 + 0 ];
+        @%p2 ld.global.b32 { %r7 }, [ %rd3 + 0 ];
+        ld.global.b16 { %rs1 }, [ %rd4 + 0 ];
+        ld.global.v4.b32 { %r8, %r9, %r10, %r11 }, [ %rd5 + 0 ];
+        st.global.v4.b32 [ %rd6 + 0 ], { %r1, %r2, %r3, %r4 };
+        ld.shared.b32 %r12, [ %r13 ];
+    """
+    assert kernel_report.load_widths(ptx) == "16B x 2, 8B x 1, 4B x 1, 2B x 1"
+    # CUDA's occupancy on an H100: registers go to warps in blocks of 256.
+    assert kernel_report.resident(registers=64, warps=4, shared=0) == 8
+    assert kernel_report.resident(registers=72, warps=4, shared=0) == 7
+    assert kernel_report.resident(registers=32, warps=4, shared=0) == 16  # 64 warps at most
+    assert kernel_report.resident(registers=16, warps=1, shared=0) == 32  # 32 programs at most
+    assert kernel_report.resident(registers=32, warps=4, shared=100 * 1024) == 2  # shared memory
+    assert kernel_report.capability_of("sm_90a") == 90
