@@ -36,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -290,8 +290,8 @@ def determinism(processes: int = 3) -> dict:
     return {"processes": processes, "bit_patterns": cases}
 
 
-def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> list[dict]:
-    rows = []
+def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> Iterator[dict]:
+    """Each depthwise case's row of times, as it is measured."""
     for name, (n, h, w, c), (fh, fw, m), stride in CASES:
         x = rng.normal(size=(n, h, w, c)).astype(np.float32)
         f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
@@ -338,14 +338,13 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     )
                     best_peer = min(v for v in (ms["lax"], torch_ms) if v is not None)
                     row["default_over_best_peer"] = ms["jaxgrad default"] / best_peer
-                    rows.append(row)
                     print(
                         f"  {name:<28} {fmt} {dtype:<8} {op:<16} roof {roof:.3f}  "
                         + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
                         + f"  default/best peer {row['default_over_best_peer']:.2f}",
                         flush=True,
                     )
-    return rows
+                    yield row
 
 
 def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
@@ -472,8 +471,8 @@ def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
 
 def resample_speed(
     rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any, smoke: bool
-) -> list[dict]:
-    rows = []
+) -> Iterator[dict]:
+    """Each resample case's row of times, as it is measured."""
     for layout, shape, axes, mode, scale in resample_cases(smoke):
         scales, out = resample_shapes(shape, axes, scale)
         for dtype in DTYPES:
@@ -509,7 +508,6 @@ def resample_speed(
                     **ms,
                 )
                 row["default_over_roofline"] = ms["jaxgrad default"] / roof
-                rows.append(row)
                 print(
                     f"  {row['case']:<36} {dtype:<8} {op:<8} roof {roof:.3f}  "
                     + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
@@ -517,7 +515,7 @@ def resample_speed(
                     + f"  default/roofline {row['default_over_roofline']:.2f}",
                     flush=True,
                 )
-    return rows
+                yield row
 
 
 def _worst(rows: list[dict]) -> list[str]:
@@ -626,31 +624,45 @@ def main() -> None:
             import torch
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
-    print("machine:", json.dumps(results.setdefault("machine", environment())))
+
+    def record(key: str, value: Any) -> None:
+        """Keeps a measurement, and writes everything measured so far: a run cut
+        short (by a time limit, or a failure further on) keeps what it finished."""
+        results[key] = value
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+                f.write("\n")
+
+    def record_rows(key: str, rows: Iterator[dict]) -> None:
+        record(key, [])
+        for row in rows:
+            record(key, [*results[key], row])
+
+    record("machine", environment())
+    print("machine:", json.dumps(results["machine"]))
     if not (args.skip_determinism or args.smoke):
         print("reproducibility in 3 fresh processes:")
-        results["determinism"] = determinism()
+        record("determinism", determinism())
     bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)
-    results["copy_bandwidth_GBps"] = bandwidth / 1e9
+    record("copy_bandwidth_GBps", bandwidth / 1e9)
     if "depthwise" in args.sections:
         print("depthwise correctness (relative error against float64):")
-        results["correctness"] = correctness(rng)
+        record("correctness", correctness(rng))
         print(f"depthwise speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
-        results["speed"] = speed(rng, bandwidth, args.rounds, torch)
+        record_rows("speed", speed(rng, bandwidth, args.rounds, torch))
     if "resample" in args.sections:
         print("resample correctness (relative error against float64):")
-        results["resample_correctness"] = resample_correctness(rng, args.smoke)
+        record("resample_correctness", resample_correctness(rng, args.smoke))
         print(f"resample speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
-        results["resample_speed"] = resample_speed(rng, bandwidth, args.rounds, torch, args.smoke)
+        record_rows(
+            "resample_speed", resample_speed(rng, bandwidth, args.rounds, torch, args.smoke)
+        )
     if "train" in args.sections:
         print("U-Net training step:")
-        results["train_step"] = train_step(args.rounds, *((2, 16) if args.smoke else ()))
+        record("train_step", train_step(args.rounds, *((2, 16) if args.smoke else ())))
     print()
     print(render(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
 from helpers import run_script
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
@@ -96,3 +97,31 @@ def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
     assert kernel_report.resident(registers=16, warps=1, shared=0) == 32  # 32 programs at most
     assert kernel_report.resident(registers=32, warps=4, shared=100 * 1024) == 2  # shared memory
     assert kernel_report.capability_of("sm_90a") == 90
+
+
+def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
+    """``benchmarks/gpu.py --json`` writes every measurement as it is taken: a run
+    that fails (or meets a time limit) part way keeps the rows it finished."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    # A smoke run narrows these module lists in place: give it copies to narrow.
+    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
+        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
+    monkeypatch.setattr(gpu, "TORCH_DEVICE", gpu.TORCH_DEVICE)
+    monkeypatch.setattr(gpu, "correctness", lambda rng: [{"impl": "xla", "error": 0.0}])
+
+    def speed_then_failure(*args):
+        yield {"case": "first row"}
+        raise RuntimeError("the GPU went away")
+
+    monkeypatch.setattr(gpu, "speed", speed_then_failure)
+    out = tmp_path / "gpu.json"
+    argv = ["gpu.py", "--smoke", "--sections", "depthwise", "--json", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(RuntimeError, match="went away"):
+        gpu.main()
+    results = json.loads(out.read_text())
+    assert results["correctness"] == [{"impl": "xla", "error": 0.0}]
+    assert results["speed"] == [{"case": "first row"}]
+    assert results["copy_bandwidth_GBps"] > 0 and "machine" in results
