@@ -303,6 +303,15 @@ def main() -> None:
         "machine": gpu.environment(),
         "rows": [],
     }
+
+    def save() -> None:
+        """Writes the rows searched so far: a run cut short keeps them."""
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+                f.write("\n")
+
+    save()
     for family in args.family:
         for case, op, build in CASES[family](args.smoke):
             if args.cases and not any(c in case for c in args.cases):
@@ -313,6 +322,7 @@ def main() -> None:
             fn, fn_args = build()[op]
             row.update(search(FAMILIES[family], fn, fn_args, args.rounds, args.smoke))
             results["rows"].append(row)
+            save()
             print(
                 f"  {family} {case} {op}: {label(row['current'])} {row['current_ms']:.3f} ms, "
                 f"best {label(row['best'])} {row['best_ms']:.3f} ms",
@@ -320,10 +330,6 @@ def main() -> None:
             )
     print()
     print(render(results["rows"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-            f.write("\n")
 
 
 if __name__ == "__main__":
