@@ -125,3 +125,27 @@ def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypat
     assert results["correctness"] == [{"impl": "xla", "error": 0.0}]
     assert results["speed"] == [{"case": "first row"}]
     assert results["copy_bandwidth_GBps"] > 0 and "machine" in results
+
+
+def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
+    """``benchmarks/tune.py --json`` writes each op's search as it ends."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    searched = []
+
+    def search_then_failure(*args):
+        if searched:
+            raise RuntimeError("the GPU went away")
+        searched.append(1)
+        launch = {"cols": 1, "channels": 1, "rows": 1, "warps": 4}
+        return {"current": launch, "best": launch, "current_ms": 1.0, "best_ms": 1.0}
+
+    monkeypatch.setattr(tune, "search", search_then_failure)
+    out = tmp_path / "tune.json"
+    argv = ["tune.py", "--smoke", "--family", "depthwise", "--json", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(RuntimeError, match="went away"):
+        tune.main()
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["family"] == "depthwise" and row["current_ms"] == 1.0
