@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -87,13 +88,21 @@ def _sync(out: Any) -> None:
 
 def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
     """Median milliseconds per call of each zero-argument call: ``per_round`` calls
-    back to back, one sync, in interleaved rounds (first call compiles, untimed)."""
+    back to back, one sync, in interleaved rounds (first call compiles, untimed).
+    A call that fails in its untimed calls is left out of the rounds and given
+    NaN, its error printed: one failing peer must not end a GPU run."""
     syncs = {name: _torch_sync if name.startswith("torch") else _sync for name in calls}
+    failed = []
     for name, call in calls.items():
-        for _ in range(2):
-            syncs[name](call())
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
+        try:
+            for _ in range(2):
+                syncs[name](call())
+        except Exception as error:  # whatever the failure, the others are still timed
+            first_line = (str(error).strip().splitlines() or [""])[0]
+            print(f"    {name} failed: {type(error).__name__}: {first_line[:160]}", flush=True)
+            failed.append(name)
+    names = [name for name in calls if name not in failed]
+    times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
@@ -101,7 +110,9 @@ def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int =
                 out = calls[name]()
             syncs[name](out)
             times[name].append((time.perf_counter() - start) / per_round)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    return {
+        name: math.nan if name in failed else 1e3 * statistics.median(times[name]) for name in calls
+    }
 
 
 def _torch_sync(out: Any) -> None:
@@ -324,7 +335,8 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         calls[f"torch {memory}"] = ops[op]
                     ms = rounds_ms(calls, rounds)
                     torch_ms = min(
-                        (v for k, v in ms.items() if k.startswith("torch")), default=None
+                        (v for k, v in ms.items() if k.startswith("torch") and not math.isnan(v)),
+                        default=None,
                     )
                     roof = 1e3 * moved[op] / bandwidth
                     row = dict(
@@ -336,7 +348,10 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         torch=torch_ms,
                         **ms,
                     )
-                    best_peer = min(v for v in (ms["lax"], torch_ms) if v is not None)
+                    peers = [
+                        v for v in (ms["lax"], torch_ms) if v is not None and not math.isnan(v)
+                    ]
+                    best_peer = min(peers, default=math.nan)
                     row["default_over_best_peer"] = ms["jaxgrad default"] / best_peer
                     print(
                         f"  {name:<28} {fmt} {dtype:<8} {op:<16} roof {roof:.3f}  "

@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -233,7 +234,9 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
         valid = {label(o): tried[label(o)]["call"] for o in options if tried[label(o)]["agrees"]}
         for name, ms in gpu.rounds_ms(valid, rounds).items():
             tried[name]["ms"] = ms
-        best = tried[min(valid, key=lambda name: tried[name]["ms"])]["launch"]
+        # A launch that failed when timed (NaN) is never the best.
+        fastest = min(valid, key=lambda name: (math.isnan(tried[name]["ms"]), tried[name]["ms"]))
+        best = tried[fastest]["launch"]
     # The current and the best launch timed together once more: their ratio in one run.
     finalists = {"current": tried[label(current)]["call"]}
     if best != current:

@@ -149,3 +149,19 @@ def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
         tune.main()
     [row] = json.loads(out.read_text())["rows"]
     assert row["family"] == "depthwise" and row["current_ms"] == 1.0
+
+
+def test_gpu_benchmark_times_the_others_when_one_call_fails(monkeypatch, capsys):
+    """A call that fails (a peer without a kernel for a case, say) is timed as NaN
+    with its error printed, and the other calls of its row are still timed."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+    import jax.numpy as jnp
+
+    def failing():
+        raise NotImplementedError("no kernel for this case\nmore detail")
+
+    ms = gpu.rounds_ms({"ours": lambda: jnp.ones(3) * 2, "peer": failing}, rounds=2, per_round=1)
+    assert list(ms) == ["ours", "peer"]
+    assert ms["ours"] > 0 and ms["peer"] != ms["peer"]  # NaN
+    assert "peer failed: NotImplementedError: no kernel for this case" in capsys.readouterr().out
