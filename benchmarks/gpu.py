@@ -202,6 +202,20 @@ def nbytes(*arrays: Any) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def relative_error(
+    compute: Callable[[], Any], want: np.ndarray, back: Callable = np.asarray
+) -> float:
+    """``||got - want|| / ||want||`` of ``got = back(compute())`` in float64, or NaN
+    with the error printed where ``compute`` fails: the run goes on to the next."""
+    try:
+        got = np.asarray(back(np.asarray(compute(), np.float64)), np.float64)
+    except Exception as error:  # whatever the failure, the other cases are still checked
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(f"    failed: {type(error).__name__}: {first_line[:160]}", flush=True)
+        return math.nan
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
 def environment() -> dict:
     import jaxlib
 
@@ -257,9 +271,11 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     impl = IMPLEMENTATIONS[label]
                     ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
                     for op, fn, args in _named(ops, xj, fj, dyj):
-                        got = np.asarray(fn(*args), np.float64)
-                        got = got if op == "backprop_filter" else back(got)
-                        err = np.linalg.norm(got - ref[op]) / np.linalg.norm(ref[op])
+                        err = relative_error(
+                            partial(fn, *args),
+                            ref[op],
+                            np.asarray if op == "backprop_filter" else back,
+                        )
                         rows.append(
                             dict(
                                 case=name,
@@ -267,7 +283,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                                 dtype=dtype,
                                 impl=label,
                                 op=op,
-                                error=float(err),
+                                error=err,
                             )
                         )
                         print(
@@ -476,8 +492,7 @@ def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
             for label in ("xla", "pallas"):  # the default is one of them
                 ops = jaxgrad_resample(shape, scales, mode, label)
                 for op in ("forward", "backward"):
-                    got = np.asarray(ops[op](args[op]), np.float64)
-                    err = float(np.linalg.norm(got - ref[op]) / np.linalg.norm(ref[op]))
+                    err = relative_error(partial(ops[op], args[op]), ref[op])
                     case = f"{layout} {mode} {scale}x"
                     rows.append(dict(case=case, dtype=dtype, impl=label, op=op, error=err))
                     print(f"  {case:<20} {dtype:<9} {label:<7} {op:<9} {err:.2e}", flush=True)
@@ -534,12 +549,18 @@ def resample_speed(
 
 
 def _worst(rows: list[dict]) -> list[str]:
+    """The largest error of each dtype, implementation and op; a failure (NaN) is
+    the largest of all."""
     worst: dict[tuple[str, str, str], float] = {}
     for r in rows:
         key = (r["dtype"], r["impl"], r["op"])
-        worst[key] = max(worst.get(key, 0.0), r["error"])
+        error = math.inf if math.isnan(r["error"]) else r["error"]
+        worst[key] = max(worst.get(key, 0.0), error)
     lines = ["| dtype | implementation | op | worst relative error |", "|---|---|---|---|"]
-    return lines + [f"| {d} | {i} | {o} | {e:.2e} |" for (d, i, o), e in sorted(worst.items())]
+    return lines + [
+        f"| {d} | {i} | {o} | {'failed' if e == math.inf else f'{e:.2e}'} |"
+        for (d, i, o), e in sorted(worst.items())
+    ]
 
 
 def render(results: dict) -> str:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from helpers import run_script
 
@@ -165,3 +166,26 @@ def test_gpu_benchmark_times_the_others_when_one_call_fails(monkeypatch, capsys)
     assert list(ms) == ["ours", "peer"]
     assert ms["ours"] > 0 and ms["peer"] != ms["peer"]  # NaN
     assert "peer failed: NotImplementedError: no kernel for this case" in capsys.readouterr().out
+
+
+def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys):
+    """A correctness check whose op fails is NaN, printed, and shown as failed in
+    the table of worst errors, never hidden behind a smaller error."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    def failing():
+        raise RuntimeError("the kernel did not compile\nmore detail")
+
+    assert gpu.relative_error(lambda: np.full(3, 1.5), np.ones(3)) == 0.5
+    error = gpu.relative_error(failing, np.ones(3))
+    assert error != error  # NaN
+    assert "failed: RuntimeError: the kernel did not compile" in capsys.readouterr().out
+    rows = [
+        dict(dtype="float32", impl="pallas", op="forward", error=1e-7),
+        dict(dtype="float32", impl="pallas", op="forward", error=error),
+        dict(dtype="float32", impl="xla", op="forward", error=2e-7),
+    ]
+    table = gpu._worst(rows)
+    assert "| float32 | pallas | forward | failed |" in table
+    assert "| float32 | xla | forward | 2.00e-07 |" in table
