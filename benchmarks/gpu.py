@@ -299,18 +299,23 @@ def _named(ops: dict, x: Any, f: Any, dy: Any):
 
 
 def determinism(processes: int = 3) -> dict:
+    """The bit patterns of every case in ``processes`` fresh processes, under the
+    default XLA flags; a process that fails is reported with its error's last lines."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     runs = []
     for _ in range(processes):
-        out = subprocess.run(
+        run = subprocess.run(
             [sys.executable, str(ROOT / "tests" / "determinism_check.py"), "--size", "large"],
             capture_output=True,
             text=True,
             env=env,
-            check=True,
-        ).stdout
-        runs.append(dict(line.rsplit(" ", 1) for line in out.splitlines()))
+        )
+        if run.returncode != 0:
+            tail = run.stderr.strip().splitlines()[-5:]
+            print("  a process failed:", *tail, sep="\n    ", flush=True)
+            return {"processes": processes, "failed": "\n".join(tail)}
+        runs.append(dict(line.rsplit(" ", 1) for line in run.stdout.splitlines()))
     cases = {name: len({run[name] for run in runs}) for name in runs[0]}
     for name, patterns in cases.items():
         print(f"  {name:<40} {'identical' if patterns == 1 else f'{patterns} bit patterns'}")
@@ -604,7 +609,9 @@ def render(results: dict) -> str:
                 f"| {r['default_over_roofline']:.2f} |"
             )
         lines += ["", *_worst(results["resample_correctness"])]
-    if "determinism" in results:
+    if "failed" in results.get("determinism", {}):
+        lines += ["", f"Fresh processes: failed ({results['determinism']['failed']})."]
+    elif "determinism" in results:
         patterns = results["determinism"]["bit_patterns"]
         differ = [name for name, n in patterns.items() if n > 1]
         lines += [

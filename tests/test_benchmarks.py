@@ -189,3 +189,31 @@ def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys)
     table = gpu._worst(rows)
     assert "| float32 | pallas | forward | failed |" in table
     assert "| float32 | xla | forward | 2.00e-07 |" in table
+
+
+def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypatch):
+    """The cross-process check counts each case's bit patterns over fresh processes;
+    a process that fails ends the check with its error, not the run."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import subprocess
+
+    import gpu
+
+    outputs = iter(["relu abc\ndepthwise 123\n", "relu abc\ndepthwise 456\n", "relu abc\n"])
+    returncodes = iter([0, 0, 1])
+
+    def fake_run(*args, **kwargs):
+        return subprocess.CompletedProcess(
+            args, next(returncodes), next(outputs), "Traceback\nValueError: boom"
+        )
+
+    monkeypatch.setattr(gpu.subprocess, "run", fake_run)
+    assert gpu.determinism(processes=2) == {
+        "processes": 2,
+        "bit_patterns": {"relu": 1, "depthwise": 2},
+    }
+    failed = gpu.determinism(processes=1)
+    assert failed["failed"].endswith("ValueError: boom")
+    machine = dict.fromkeys(("device", "driver", "jax", "jaxlib", "torch", "triton"), "?")
+    table = gpu.render({"machine": machine, "copy_bandwidth_GBps": 1.0, "determinism": failed})
+    assert "Fresh processes: failed" in table
