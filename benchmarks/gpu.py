@@ -86,6 +86,12 @@ def _sync(out: Any) -> None:
             leaf.block_until_ready()
 
 
+def failure(error: Exception) -> str:
+    """An error in one line, for a run that notes it and goes on."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line[:160]}"
+
+
 def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
     """Median milliseconds per call of each zero-argument call: ``per_round`` calls
     back to back, one sync, in interleaved rounds (first call compiles, untimed).
@@ -98,8 +104,7 @@ def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int =
             for _ in range(2):
                 syncs[name](call())
         except Exception as error:  # whatever the failure, the others are still timed
-            first_line = (str(error).strip().splitlines() or [""])[0]
-            print(f"    {name} failed: {type(error).__name__}: {first_line[:160]}", flush=True)
+            print(f"    {name} failed: {failure(error)}", flush=True)
             failed.append(name)
     names = [name for name in calls if name not in failed]
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -210,8 +215,7 @@ def relative_error(
     try:
         got = np.asarray(back(np.asarray(compute(), np.float64)), np.float64)
     except Exception as error:  # whatever the failure, the other cases are still checked
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        print(f"    failed: {type(error).__name__}: {first_line[:160]}", flush=True)
+        print(f"    failed: {failure(error)}", flush=True)
         return math.nan
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 

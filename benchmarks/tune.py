@@ -212,9 +212,7 @@ def candidate(
     try:
         call, got, given = compiled(module, fn, args, fields)
     except Exception as error:  # whatever the failure, it rules the candidate out
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        reason = f"{type(error).__name__}: {first_line[:160]}"
-        return {"launch": fields, "call": None, "agrees": False, "error": reason}
+        return {"launch": fields, "call": None, "agrees": False, "error": gpu.failure(error)}
     return {"launch": given, "call": call, "agrees": agrees(got, want, dtype)}
 
 

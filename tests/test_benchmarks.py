@@ -100,6 +100,16 @@ def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
     assert kernel_report.capability_of("sm_90a") == 90
 
 
+def json_of_a_run_cut_short(script, args, tmp_path, monkeypatch):
+    """What ``script.main()`` (a smoke run with ``args``) wrote to ``--json`` before
+    the failure a test planted in it."""
+    out = tmp_path / "out.json"
+    monkeypatch.setattr("sys.argv", ["script", "--smoke", *args, "--json", str(out)])
+    with pytest.raises(RuntimeError, match="went away"):
+        script.main()
+    return json.loads(out.read_text())
+
+
 def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
     """``benchmarks/gpu.py --json`` writes every measurement as it is taken: a run
     that fails (or meets a time limit) part way keeps the rows it finished."""
@@ -117,12 +127,7 @@ def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypat
         raise RuntimeError("the GPU went away")
 
     monkeypatch.setattr(gpu, "speed", speed_then_failure)
-    out = tmp_path / "gpu.json"
-    argv = ["gpu.py", "--smoke", "--sections", "depthwise", "--json", str(out)]
-    monkeypatch.setattr("sys.argv", argv)
-    with pytest.raises(RuntimeError, match="went away"):
-        gpu.main()
-    results = json.loads(out.read_text())
+    results = json_of_a_run_cut_short(gpu, ["--sections", "depthwise"], tmp_path, monkeypatch)
     assert results["correctness"] == [{"impl": "xla", "error": 0.0}]
     assert results["speed"] == [{"case": "first row"}]
     assert results["copy_bandwidth_GBps"] > 0 and "machine" in results
@@ -143,12 +148,7 @@ def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
         return {"current": launch, "best": launch, "current_ms": 1.0, "best_ms": 1.0}
 
     monkeypatch.setattr(tune, "search", search_then_failure)
-    out = tmp_path / "tune.json"
-    argv = ["tune.py", "--smoke", "--family", "depthwise", "--json", str(out)]
-    monkeypatch.setattr("sys.argv", argv)
-    with pytest.raises(RuntimeError, match="went away"):
-        tune.main()
-    [row] = json.loads(out.read_text())["rows"]
+    [row] = json_of_a_run_cut_short(tune, ["--family", "depthwise"], tmp_path, monkeypatch)["rows"]
     assert row["family"] == "depthwise" and row["current_ms"] == 1.0
 
 
