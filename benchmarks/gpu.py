@@ -108,7 +108,7 @@ def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int =
             failed.append(name)
     names = [name for name in calls if name not in failed]
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
+    for r in range(rounds if names else 0):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             for _ in range(per_round):
