@@ -1,7 +1,7 @@
 """What the Pallas kernels compile to for an H100, measured without a GPU.
 
     pip install triton          # optional, as PyTorch is: never a dependency
-    python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132]
+    python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -15,6 +15,11 @@ otherwise find out late: that every kernel compiles, spills nothing, reads memor
 in wide, coalesced loads, and has programs enough to keep the GPU busy (a last
 wave far from full leaves multiprocessors idle). Times still need a GPU
 (benchmarks/gpu.py).
+
+``--train-step`` reports instead the kernels of the example U-Net's training step
+(batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
+times it), and a host-side cost of the GPU path: how long the step takes to
+lower for CUDA, and Triton to compile its kernels, on this machine's CPU.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 
 import jaxgrad
+from jaxgrad import _implementation
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DEPTHWISE_CASES = {
     # name: (input shape, filter shape, stride, data_format, dtype)
@@ -126,6 +135,9 @@ def triton_modules(fn, *args, capability: int) -> list[Kernel]:
         patches.enter_context(
             mock.patch.object(registration.lowering, "lower_jaxpr_to_triton_module", recording)
         )
+        # The default implementation takes the kernels only in a process with a
+        # CUDA device; the GPU aimed at stands in for it.
+        patches.enter_context(mock.patch.object(_implementation, "_has_cuda", lambda: True))
         # From JAX 0.11 the lowering asks the local GPU for its compute capability;
         # here there is none, so the GPU aimed at answers. JAX 0.10 does not ask.
         if hasattr(registration, "gpu_info_lib"):
@@ -164,6 +176,21 @@ def resample_step(shape, scales, mode, dtype):
     return jax.grad(loss), jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
 
 
+def train_step(batch: int = 64, size: int = 128):
+    """The example U-Net's training step with jaxgrad's default implementation."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import unet
+
+    def init():
+        params = unet.init_params(jax.random.key(0))
+        return params, unet.adam_init(params), *unet.make_batch(jax.random.key(1), batch, size)
+
+    def step(params, opt, noisy, clean):
+        return unet.train_step(params, opt, noisy, clean, unet.JAXGRAD)
+
+    return step, *jax.eval_shape(init)
+
+
 def capability_of(arch: str) -> int:
     """The compute capability a ptxas target names: sm_90a -> 90."""
     return int(re.sub(r"\D", "", arch))
@@ -192,7 +219,9 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
     # report keeps them fused, as every release it has run under did, so that its
     # figures stay comparable from one release to the next.
     options = {**options, "enable_fp_fusion": True}
+    start = time.perf_counter()
     kernel = triton.compile(str(source), target=target, options=options)
+    seconds = time.perf_counter() - start
     ptx = kernel.asm["ptx"]
     (folder / "kernel.ptx").write_text(ptx)
     ptxas = ptxas_for(capability_of(arch))
@@ -207,6 +236,7 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
         "spilled": int(re.search(r"(\d+) bytes spill stores", info)[1]),
         "shared": kernel.metadata.shared,
         "loads": load_widths(ptx),
+        "seconds": seconds,
     }
 
 
@@ -221,9 +251,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90a", help="the ptxas target (H100: sm_90a)")
     parser.add_argument("--sms", type=int, default=H100_SMS, help="the GPU's multiprocessors")
+    parser.add_argument(
+        "--train-step",
+        action="store_true",
+        help="the example U-Net training step's kernels, and their lowering and compile times",
+    )
     args = parser.parse_args()
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
     print(
@@ -231,13 +266,22 @@ def main() -> None:
         "| programs | per SM | waves |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.train_step:
+        steps = [("U-Net step, batch 64 of 128x128", train_step())]
+    else:
         steps = [(case, depthwise_step(*c)) for case, c in DEPTHWISE_CASES.items()]
         steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
+    lowering = compiling = 0.0
+    kernels = 0
+    with tempfile.TemporaryDirectory() as tmp:
         for case, (fn, *fn_args) in steps:
+            start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
+            lowering += time.perf_counter() - start
+            kernels += len(modules)
             for kernel in modules:
                 r = compile_report(kernel.ir, kernel.options, args.arch, pathlib.Path(tmp))
+                compiling += r["seconds"]
                 per_sm = resident(r["registers"], kernel.options["num_warps"], r["shared"])
                 waves = kernel.programs / (per_sm * args.sms)
                 print(
@@ -246,6 +290,11 @@ def main() -> None:
                     f"| {kernel.programs} | {per_sm} | {waves:.2f} |",
                     flush=True,
                 )
+    print(
+        f"\n{kernels} kernels: lowered for CUDA in {lowering:.1f} s, compiled by Triton "
+        f"{triton.__version__} in {compiling:.1f} s (this machine's CPU; Triton's cache "
+        "makes a second run faster)."
+    )
 
 
 if __name__ == "__main__":

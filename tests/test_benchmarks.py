@@ -8,6 +8,7 @@ import json
 import math
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 from helpers import run_script
@@ -219,3 +220,32 @@ def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypa
     machine = dict.fromkeys(("device", "driver", "jax", "jaxlib", "torch", "triton"), "?")
     table = gpu.render({"machine": machine, "copy_bandwidth_GBps": 1.0, "determinism": failed})
     assert "Fresh processes: failed" in table
+
+
+def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
+    """``kernel_report.py --train-step`` lowers the example U-Net's step for CUDA
+    as a GPU would, with the default implementation: every depthwise layer's
+    forward and filter gradient (two kernels) and the input gradient of all but
+    the first, which reads the data, are kernels, and so are the forward linear
+    resamples (float32 linear gradients stay with XLA, which moves them as fast
+    as a copy). Lowering needs no GPU and no ``triton`` package."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+
+    # The example runs as JAX does by default: float32, ranks and Python scalars
+    # promoted (the suite runs in float64, strictly).
+    with (
+        jax.enable_x64(False),
+        jax.numpy_dtype_promotion("standard"),
+        jax.numpy_rank_promotion("allow"),
+    ):
+        fn, *args = kernel_report.train_step(batch=2, size=16)
+        kernels = kernel_report.triton_modules(fn, *args, capability=90)
+    names = [kernel.name for kernel in kernels]
+    assert {name: names.count(name) for name in set(names)} == {
+        "_forward_kernel": 4,
+        "_input_kernel": 3,
+        "_partials_kernel": 4,
+        "_sum_kernel": 4,
+        "_kernel": 2,
+    }
