@@ -92,7 +92,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
     # Loads are coalesced along the array's minor axis: channels in NHWC, columns
     # in NCHW, so that axis gets the wide side of the tile. Lanes past the array's
     # channels would idle, so an array with few channels gives them to the columns.
-    chans = min(pl.next_power_of_2(channels), _TILE_CHANNELS[_layout_name(conv)])
+    chans = min(pl.next_power_of_2(channels), _most_channels(conv))
     cols = min(pl.next_power_of_2(size[1]), _TILE // chans)
     launch = _Launch(cols=cols, channels=chans, rows=_MOST_ROWS[kernel], interpret=interpret)
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) < _MIN_PROGRAMS:
@@ -117,11 +117,12 @@ def _repeats(conv: Conv) -> bool:
     times: equal indices side by side are a load Triton cannot vectorize. That
     takes a multiplier ``M > 1`` that is a power of two and fits in a tile."""
     m = conv.multiplier
-    return 1 < m <= _TILE_CHANNELS[_layout_name(conv)] and m & (m - 1) == 0
+    return 1 < m <= _most_channels(conv) and m & (m - 1) == 0
 
 
-def _layout_name(conv: Conv) -> str:
-    return "NCHW" if conv.nchw else "NHWC"
+def _most_channels(conv: Conv) -> int:
+    """The channels a tile spans at most, in ``conv``'s layout."""
+    return _TILE_CHANNELS["NCHW" if conv.nchw else "NHWC"]
 
 
 def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
