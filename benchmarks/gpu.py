@@ -635,6 +635,13 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: str, results: dict) -> None:
+    """``results`` as indented JSON at ``path``, replacing what was there."""
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
@@ -677,9 +684,7 @@ def main() -> None:
         short (by a time limit, or a failure further on) keeps what it finished."""
         results[key] = value
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-                f.write("\n")
+            write_json(args.json, results)
 
     def record_rows(key: str, rows: Iterator[dict]) -> None:
         record(key, [])

@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -308,9 +307,7 @@ def main() -> None:
     def save() -> None:
         """Writes the rows searched so far: a run cut short keeps them."""
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-                f.write("\n")
+            gpu.write_json(args.json, results)
 
     save()
     for family in args.family:
