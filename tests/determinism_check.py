@@ -5,8 +5,8 @@ fresh processes (tests/test_determinism.py here, benchmarks/gpu.py on a GPU).
 
 Each line is ``<case> <sha256 of the result's bytes>``. The resample and depthwise
 ops run in every implementation that can run on the default backend (the default,
-"xla" and "pallas" on CUDA GPUs; "xla" and "pallas" on the CPU, where the default
-is "xla"). ``large`` uses the shapes a GPU trains on, where XLA's
+"xla" and "pallas" on CUDA GPUs; "xla", and "pallas" in float32, on the CPU, where
+the default is "xla"). ``large`` uses the shapes a GPU trains on, where XLA's
 autotuner would pick a reduction's tiling per process; ``small`` keeps interpreted
 kernels quick on the CPU.
 """
@@ -40,13 +40,14 @@ def digest(tree) -> str:
     return h.hexdigest()
 
 
-def implementations() -> list[str | None]:
-    """The implementations to run here. On the CPU the default is the "xla" program
-    itself (tests/test_*_implementations.py compare the lowered programs), so it is
-    not run twice."""
+def implementations(dtype) -> list[str | None]:
+    """The implementations to run here for ``dtype``. On the CPU the default is the
+    "xla" program itself (tests/test_*_implementations.py compare the lowered
+    programs), so it is not run twice, and the interpreted kernels, slow to compile,
+    run in float32 alone: interpreted, a half type changes only what they load."""
     platform = jax.default_backend()
     if platform == "cpu":
-        return ["xla", "pallas"]
+        return ["xla", "pallas"] if dtype == jnp.float32 else ["xla"]
     if platform == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower():
         return [None, "xla", "pallas"]
     return [None, "xla"]
@@ -66,7 +67,7 @@ def cases(size: str):
         x = arr(*resample_shape)
         yield f"relu {tag}", lambda x: jax.vjp(jaxgrad.relu, x)[1](x)[0] + jaxgrad.relu(x), (x,)
         long_axes = {(length, scale): arr(2, length) for length, scale in LONG_AXES}
-        for implementation in implementations():
+        for implementation in implementations(dtype):
             up = dict(implementation=implementation)
             modes = (("nearest", 2.0), ("linear", 2.0), ("linear", 0.5), ("linear", 1.7))
             if implementation == "pallas" and jax.default_backend() == "cpu":
@@ -100,7 +101,7 @@ def cases(size: str):
                 yield name, long_vjp, (xl,)
 
         x, f = arr(*conv_shape), arr(*filter_shape)
-        for implementation in implementations():
+        for implementation in implementations(dtype):
             for fmt in ("NHWC", "NCHW"):
                 xi = x if fmt == "NHWC" else jnp.transpose(x, (0, 3, 1, 2))
 

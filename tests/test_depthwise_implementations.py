@@ -100,9 +100,20 @@ def test_kernels_match_reference(cfg, data_format, seed):
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("case", range(len(CASES)))
+def accuracy_grid():
+    """(case, layout, dtype): float32 for every case and layout, and one half type
+    each, alternating, so that both half types meet every case and both layouts
+    (the kernels differ between the two only in the type they load)."""
+    for case in range(len(CASES)):
+        for i, data_format in enumerate(("NHWC", "NCHW")):
+            half = (jnp.bfloat16, jnp.float16)[(case + i) % 2]
+            for dtype in (half, jnp.float32):
+                yield pytest.param(
+                    case, data_format, dtype, id=f"{case}-{data_format}-{dtype.__name__}"
+                )
+
+
+@pytest.mark.parametrize("case, data_format, dtype", list(accuracy_grid()))
 def test_kernels_accumulate_in_float32(case, data_format, dtype):
     # float32: within 1e-6 relative of float64. Half types: the float32 sums of the
     # kernels are rounded once, so their error is that of the portable implementation,
