@@ -6,8 +6,10 @@ import logging
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import TRITON_CALL, lowered_text
 
 import jaxgrad
+from jaxgrad import _implementation
 
 PUBLIC = [getattr(jaxgrad, name) for name in jaxgrad.__all__]
 
@@ -90,3 +92,22 @@ def test_an_eager_call_runs_one_compiled_program(call):
         logger.removeHandler(compiles)
     assert len(first) == 1, f"the first call compiled {first}"
     assert compiles.names == first, "the second call compiled again"
+
+
+def test_one_jitted_step_lowers_for_every_backend(patch):
+    # A step through every op family, jitted once, lowers for each platform a user
+    # may run it on: the Pallas kernels where the program is for a CUDA GPU (the
+    # process is given one here: the choice is made at lowering), the portable
+    # arithmetic everywhere else.
+    patch(_implementation, "_has_cuda", lambda: True)
+    x, f = jnp.ones((2, 8, 8, 4), jnp.float32), jnp.ones((3, 3, 4, 2), jnp.float32)
+
+    def loss(x, f):
+        y = jaxgrad.relu(jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME"))
+        y = jaxgrad.resample(y, (1, 2, 2, 1), mode="linear")
+        return (jaxgrad.resize(y, (2, 10, 10, 8), mode="linear") ** 2).sum()
+
+    step = jax.grad(loss, argnums=(0, 1))
+    for platform in ("cpu", "tpu", "rocm", "cuda"):
+        kernels = lowered_text(step, x, f, platform=platform).count(TRITON_CALL)
+        assert (kernels > 0) == (platform == "cuda"), (platform, kernels)
