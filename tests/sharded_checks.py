@@ -1,6 +1,6 @@
 """Sharding checks, run by tests/test_sharding.py in a subprocess with 8 CPU devices.
 
-    python tests/sharded_checks.py {batch,channel,spatial,train_step} [xla|pallas]
+    python tests/sharded_checks.py {batch,channel,spatial,explicit,train_step} [xla|pallas]
 
 Each check compares every op's sharded result with the unsharded one and inspects
 the compiled HLO for collectives. It exits non-zero with a message on the first
@@ -30,6 +30,8 @@ def main(check: str, implementation: str | None) -> None:
 
     assert len(jax.devices()) == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()), ("d",))
+    if check == "explicit":  # JAX's sharding in types
+        mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
     rng = np.random.default_rng(0)
 
     def arr(*shape):
@@ -134,6 +136,14 @@ def main(check: str, implementation: str | None) -> None:
         for name, (fn, args, _) in ops.items():
             compare(name, fn, args, 1, 1e-5)
             print(f"ok spatial  {name}")
+    elif check == "explicit":
+        # Each array's sharding is part of its type, and the ops trace with it:
+        # batch- or channel-sharded, each op gives the unsharded result.
+        with jax.set_mesh(mesh):
+            for axis in (0, 3):
+                for name, (fn, args, _) in ops.items():
+                    compare(name, fn, args, axis, 1e-5)
+                    print(f"ok explicit axis {axis} {name}")
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
         import unet

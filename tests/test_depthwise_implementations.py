@@ -27,7 +27,7 @@ from jax.test_util import check_grads
 
 import jaxgrad
 from jaxgrad import _implementation, _kernels
-from jaxgrad._depthwise import _pallas, _plan
+from jaxgrad._depthwise import _pallas, _plan, _xla
 
 
 def three_ops(cfg, data_format, **extra):
@@ -382,3 +382,64 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     for name, fn in ops.items():
         text = lowered_text(fn, *args[name], platform="cuda")
         assert text.count(TRITON_CALL) == kernels[name], name
+
+
+# ----------------------------------------------------------------------------------
+# The portable filter gradient's last sum on GPU platforms
+# ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, axes",
+    [
+        ((3, 2, 17, 9, 4), (0, 2, 3)),  # runs cut short by the padding, at every level
+        ((1, 9, 1, 64), (0, 2)),  # axes of one element
+        ((5, 112, 3), (0, 1)),  # 112 = 8 x 14: a level of 8 runs, then one of 14
+        ((7, 3), (0,)),  # the batch axis alone
+    ],
+)
+def test_tree_sum_adds_up_every_partial(shape, axes):
+    partials = np.random.default_rng(0).normal(size=shape)
+    got = _xla._tree_sum(jnp.asarray(partials, jnp.float32), axes)
+    want = partials.sum(axis=axes)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    # In float64 the tree is exact to rounding, and its order is the same every call.
+    exact = _xla._tree_sum(jnp.asarray(partials), axes)
+    np.testing.assert_allclose(np.asarray(exact), want, rtol=1e-12, atol=1e-12)
+    assert np.asarray(_xla._tree_sum(jnp.asarray(partials), axes)).tobytes() == (
+        np.asarray(exact).tobytes()
+    )
+
+
+@pytest.mark.parametrize("case", [*CASES, LARGE], ids=[*map(str, range(len(CASES))), "7x7"])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_portable_filter_gradient_through_the_tree(case, data_format, monkeypatch):
+    # The sum GPU platforms take, run here in its place: the blocked taps and a large
+    # filter's loop over kernel rows both give the reference through it.
+    monkeypatch.setattr(_xla, "_sum_partials", _xla._tree_sum)
+    jax.clear_caches()
+    cfg = make_cfg(*case)
+    (x, f, dy), exact = operands(cfg, data_format, jnp.float64, seed=3)
+    ops = three_ops(cfg, data_format, implementation="xla")
+    got = run_ops({"backprop_filter": ops["backprop_filter"]}, data_format, x, f, dy)
+    want = ref_backprop_filter(exact[0], exact[2], cfg)
+    np.testing.assert_allclose(got["backprop_filter"], want, rtol=1e-10, atol=1e-10)
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("kernel", [3, 7])  # blocked taps; the loop over kernel rows
+def test_portable_filter_gradient_leaves_no_reduction_to_a_gpu(kernel):
+    # XLA:GPU autotunes a reduction's tiling per process, and with it the order of the
+    # sum: a program for a GPU adds the partials up in elementwise adds alone. The
+    # CPU keeps XLA's reduction (its program is unchanged).
+    x = jnp.ones((2, 9, 9, 3), jnp.float32)
+
+    def filter_gradient(x, dy):
+        return jaxgrad.depthwise_conv2d_backprop_filter(
+            x, (kernel, kernel, 3, 1), dy, (1, 1), "SAME", implementation="xla"
+        )
+
+    for platform in ("cuda", "rocm", "cpu"):
+        text = lowered_text(filter_gradient, x, x, platform=platform)
+        assert ("stablehlo.reduce" in text) == (platform == "cpu"), platform

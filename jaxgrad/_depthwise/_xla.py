@@ -416,6 +416,83 @@ def _stage_one(terms: Iterable[jax.Array], rows: int, row_axis: int, dtype: Any)
     return functools.reduce(operator.add, map(padded, terms))
 
 
+# Partials one level of the fixed-order sum adds up (``_tree_sum``).
+_FAN_IN = 8
+
+
+def _sum_partials(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Stage 2: ``partials`` summed over ``axes`` (the batch axis first of them),
+    in an order fixed on every backend.
+
+    XLA:GPU tiles a reduction by autotuning it, anew in each process, and the
+    tiling sets the order of the sum. On GPU platforms the partials are added up
+    in a tree of elementwise adds instead, which no compiler reorders. Elsewhere
+    XLA's own reduction keeps one order, and on the CPU it is the faster.
+    """
+    tree = functools.partial(_tree_sum, axes=axes)
+    reduction = functools.partial(jnp.sum, axis=axes)
+    summed: jax.Array = lax.platform_dependent(partials, cuda=tree, rocm=tree, default=reduction)
+    return summed
+
+
+def _tree_sum(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """``partials`` summed over ``axes``: each axis after the first in levels of
+    ``_FAN_IN`` slices, the last axis first; then the first axis (the batch, the
+    one a sharded program splits) in one level, so that a device sums only its
+    own shard before the small remainder is gathered once."""
+    batch, *rest = sorted(axes)
+    total = partials
+    for axis in reversed(rest):
+        while total.shape[axis] > 1:
+            total = _sum_level(total, axis, _FAN_IN)
+    total = _sum_level(total, batch, total.shape[batch])
+    return total.reshape([n for a, n in enumerate(total.shape) if a not in axes])
+
+
+def _sum_level(total: jax.Array, axis: int, fan_in: int) -> jax.Array:
+    """One level: ``total`` cut along ``axis`` into ``fan_in`` runs (the last one
+    padded with zeros), added up in order. The level is a kernel of its own:
+    merged, XLA:GPU made one thread add up a whole axis."""
+    total = _whole_along(total, axis)
+    fan_in = min(fan_in, total.shape[axis])
+    run = -(-total.shape[axis] // fan_in)
+    if run * fan_in > total.shape[axis]:
+        padding = [(0, 0, 0)] * total.ndim
+        padding[axis] = (0, run * fan_in - total.shape[axis], 0)
+        total = lax.pad(total, jnp.zeros((), total.dtype), padding)
+    runs = (lax.slice_in_dim(total, i * run, (i + 1) * run, axis=axis) for i in range(fan_in))
+    summed = functools.reduce(operator.add, runs)
+    kept: jax.Array = lax.optimization_barrier(summed)  # type: ignore[no-untyped-call]
+    return kept
+
+
+def _typed_spec(value: jax.Array) -> Any:
+    """How ``value``'s type shards it, under JAX's explicit sharding (where an op
+    must agree with its operands' shardings); ``None`` where sharding is left to
+    XLA's partitioner, or this JAX has no sharding in types."""
+    typeof = getattr(jax, "typeof", None)
+    spec = getattr(getattr(typeof(value), "sharding", None), "spec", None) if typeof else None
+    return spec if spec is not None and any(part is not None for part in spec) else None
+
+
+def _reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
+    spec = jax.sharding.PartitionSpec(*parts)  # type: ignore[no-untyped-call]
+    resharded: jax.Array = jax.sharding.reshard(value, spec)  # type: ignore[no-untyped-call]
+    return resharded
+
+
+def _whole_along(total: jax.Array, axis: int) -> jax.Array:
+    """``total`` with ``axis`` whole on every device where its type shards it:
+    explicit sharding refuses to cut a sharded axis into runs shorter than its
+    shards. Under automatic sharding XLA's partitioner moves the runs."""
+    spec = _typed_spec(total)
+    if spec is None or axis >= len(spec) or spec[axis] is None:
+        return total
+    whole = [*spec, *[None] * (total.ndim - len(spec))]
+    whole[axis] = None
+    return _reshard(total, whole)
+
+
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     if not _few_taps(conv):
         return _filter_gradient_by_kernel_rows(x, dy, conv)
@@ -454,7 +531,7 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
             [jnp.stack([tap_rows(di, dj) for dj in range(fw)], axis=1) for di in kernel_rows],
             axis=1,
         )
-        return jnp.sum(partial, axis=reduced)
+        return _sum_partials(partial, reduced)
 
     rows_per_stack = max(1, _TAPS_PER_FUSION // fw)
     grad = jnp.concatenate(
@@ -522,7 +599,7 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
         first = jnp.asarray(first, jnp.int32)
         taps = [(r, dj) for r in range(count) for dj in range(fw)]
         sums = [
-            jnp.sum(jnp.stack([tap_rows(first + r, dj) for r, dj in chunk], axis=1), axis=reduced)
+            _sum_partials(jnp.stack([tap_rows(first + r, dj) for r, dj in chunk], axis=1), reduced)
             for chunk in _chunks(taps, _MAX_STACKED_TAPS)
         ]
         return jnp.concatenate(sums).reshape(count, fw, conv.channels, conv.multiplier)
@@ -536,6 +613,10 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
         return updated
 
     zeros = jnp.zeros((steps * per_step, fw, conv.channels, conv.multiplier), dtype)
+    spec = _typed_spec(dy5)
+    if spec is not None:  # the rows are sharded as dy's channels, and so is the carry
+        c = 1 if conv.nchw else 3
+        zeros = _reshard(zeros, [None, None, spec[c], spec[c + 1]])
     grad: jax.Array = lax.fori_loop(0, steps, step, zeros)
     if rest:
         grad = jnp.concatenate([grad, kernel_rows(steps * per_step, rest)])
