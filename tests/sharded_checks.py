@@ -119,6 +119,46 @@ def main(check: str, implementation: str | None) -> None:
             )
         return sharded
 
+    def explicit_pallas_refused(name, fn, args, axis):
+        """The kernels take no array whose type shards it: "pallas" says so."""
+        sharded = [jax.device_put(a, NamedSharding(mesh, spec(a, axis))) for a in args]
+        try:
+            jax.jit(fn)(*sharded)
+        except ValueError as error:
+            if "explicit sharding" not in str(error):
+                raise
+            print(f"ok explicit axis {axis} {name}: pallas refused")
+            return
+        if name.startswith("relu"):  # no kernel
+            return
+        raise SystemExit(f"{name}: implementation='pallas' ran on explicitly sharded arrays")
+
+    def default_takes_xla_for_sharded_types():
+        """Under None, even in a process with a GPU, sharded types take "xla"."""
+        from jaxgrad import _implementation
+
+        traced = []
+
+        def pallas(a, *, interpret):
+            traced.append(interpret)
+            return a
+
+        def default(a):
+            return _implementation.run(
+                "op", None, (a,), xla=lambda a: a + 1, pallas=pallas,
+                pallas_available=True, pallas_preferred=True,
+            )  # fmt: skip
+
+        has_cuda, _implementation._has_cuda = _implementation._has_cuda, lambda: True
+        try:
+            jax.jit(default).trace(jax.device_put(x, NamedSharding(mesh, P("d"))))
+            assert not traced, "the kernels were traced for an explicitly sharded array"
+            jax.jit(default).trace(jax.device_put(x, NamedSharding(mesh, P())))
+            assert traced, "the kernels were not traced for a replicated array"
+        finally:
+            _implementation._has_cuda = has_cuda
+        print("ok explicit: the default takes 'xla' for sharded types")
+
     if check in ("batch", "channel"):
         axis = 0 if check == "batch" else 3
         for name, (fn, args, reduces_batch) in ops.items():
@@ -142,8 +182,12 @@ def main(check: str, implementation: str | None) -> None:
         with jax.set_mesh(mesh):
             for axis in (0, 3):
                 for name, (fn, args, _) in ops.items():
+                    if implementation == "pallas":
+                        explicit_pallas_refused(name, fn, args, axis)
+                        continue
                     compare(name, fn, args, axis, 1e-5)
                     print(f"ok explicit axis {axis} {name}")
+            default_takes_xla_for_sharded_types()
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
         import unet

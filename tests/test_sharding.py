@@ -13,8 +13,10 @@ from helpers import run_script
     ("check", "implementation"),
     [
         *[(check, "default") for check in ("batch", "channel", "spatial", "train_step")],
-        # JAX's explicit sharding (sharding in types), batch and channels.
+        # JAX's explicit sharding (sharding in types), batch and channels: the
+        # default computes it, "pallas" refuses it.
         ("explicit", "default"),
+        ("explicit", "pallas"),
         # The depthwise and resample kernels (interpreted on the CPU devices), each on
         # its shard.
         *[(check, "pallas") for check in ("batch", "channel", "spatial")],

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgrad import _bits, _checks, _tiles
+from jaxgrad import _bits, _checks, _sharding, _tiles
 from jaxgrad._depthwise._plan import Conv
 
 
@@ -466,31 +466,16 @@ def _sum_level(total: jax.Array, axis: int, fan_in: int) -> jax.Array:
     return kept
 
 
-def _typed_spec(value: jax.Array) -> Any:
-    """How ``value``'s type shards it, under JAX's explicit sharding (where an op
-    must agree with its operands' shardings); ``None`` where sharding is left to
-    XLA's partitioner, or this JAX has no sharding in types."""
-    typeof = getattr(jax, "typeof", None)
-    spec = getattr(getattr(typeof(value), "sharding", None), "spec", None) if typeof else None
-    return spec if spec is not None and any(part is not None for part in spec) else None
-
-
-def _reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
-    spec = jax.sharding.PartitionSpec(*parts)  # type: ignore[no-untyped-call]
-    resharded: jax.Array = jax.sharding.reshard(value, spec)  # type: ignore[no-untyped-call]
-    return resharded
-
-
 def _whole_along(total: jax.Array, axis: int) -> jax.Array:
     """``total`` with ``axis`` whole on every device where its type shards it:
     explicit sharding refuses to cut a sharded axis into runs shorter than its
     shards. Under automatic sharding XLA's partitioner moves the runs."""
-    spec = _typed_spec(total)
+    spec = _sharding.typed_spec(total)
     if spec is None or axis >= len(spec) or spec[axis] is None:
         return total
     whole = [*spec, *[None] * (total.ndim - len(spec))]
     whole[axis] = None
-    return _reshard(total, whole)
+    return _sharding.reshard(total, whole)
 
 
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
@@ -613,10 +598,10 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
         return updated
 
     zeros = jnp.zeros((steps * per_step, fw, conv.channels, conv.multiplier), dtype)
-    spec = _typed_spec(dy5)
+    spec = _sharding.typed_spec(dy5)
     if spec is not None:  # the rows are sharded as dy's channels, and so is the carry
         c = 1 if conv.nchw else 3
-        zeros = _reshard(zeros, [None, None, spec[c], spec[c + 1]])
+        zeros = _sharding.reshard(zeros, [None, None, spec[c], spec[c + 1]])
     grad: jax.Array = lax.fori_loop(0, steps, step, zeros)
     if rest:
         grad = jnp.concatenate([grad, kernel_rows(steps * per_step, rest)])
