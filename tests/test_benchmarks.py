@@ -102,6 +102,62 @@ def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
     assert kernel_report.capability_of("sm_90a") == 90
 
 
+def test_xla_gpu_report_reads_a_compiled_program(monkeypatch):
+    """What ``benchmarks/xla_gpu_report.py`` reads from an optimized HLO module: the
+    launches of its entry computation, by kind, with the bytes of their operands
+    and results (compiling for a GPU needs JAX's CUDA plugin; this does not)."""
+    # Set as the script sets them, so that importing it changes no other test's.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import xla_gpu_report as report
+
+    hlo = """HloModule jit_step
+
+%fused_add (param_0: f32[8,4]) -> f32[8,4] {
+  ROOT %add = f32[8,4]{1,0} add(%param_0, %param_0)
+}
+
+ENTRY %main.9 (x.1: bf16[8,4], f.1: f32[3,4]) -> (f32[8,4], f32[4]) {
+  %x.1 = bf16[8,4]{1,0} parameter(0), metadata={op_name="x"}
+  %f.1 = f32[3,4]{1,0} parameter(1)
+  %loop_add_fusion = f32[8,4]{1,0} fusion(%x.1, %f.1), kind=kLoop, calls=%fused_add
+  %triton = f32[4]{0} custom-call(%loop_add_fusion), custom_call_target="__gpu$xla.gpu.triton"
+  %conv = (f32[8,4]{1,0}, u8[0]{0}) custom-call(%x.1), custom_call_target="__cudnn$convForward"
+  %gte = f32[8,4]{1,0} get-tuple-element(%conv), index=0
+  %all-reduce-start = f32[4]{0} all-reduce-start(%triton), replica_groups={}, to_apply=%add
+  %all-reduce-done = f32[4]{0} all-reduce-done(%all-reduce-start)
+  ROOT %tuple = (f32[8,4]{1,0}, f32[4]{0}) tuple(%gte, %all-reduce-done)
+}
+"""
+    found = report.launches(hlo)
+    # bf16[8,4]: 64 bytes; f32[3,4]: 48; f32[8,4]: 128; f32[4]: 16.
+    assert [(launch.kind, launch.read, launch.written) for launch in found] == [
+        ("fusion", 64 + 48, 128),
+        ("triton", 128, 16),
+        ("library", 64, 128),
+        ("collective", 16, 16),
+    ]
+    moved = report.summary(found)
+    assert moved == {
+        "kernels": {"collective": 1, "fusion": 1, "library": 1, "triton": 1},
+        "bytes": 112 + 128 + 144 + 192 + 32,
+    }
+    assert (
+        report.cell(moved, least=304) == "1 collective, 1 fusion, 1 library, 1 triton; 0 MB (2.00x)"
+    )
+
+
+def test_xla_gpu_report_says_what_it_needs():
+    # Without JAX's CUDA plugin (CI has none) it stops at once and says how to get it.
+    result = run_script("benchmarks/xla_gpu_report.py", "--sections", "train")
+    if result.returncode == 0:  # a machine with the plugin compiled the step
+        assert "U-Net step" in result.stdout
+        return
+    assert "needs JAX's CUDA plugin" in result.stderr
+    assert "jax-cuda13-plugin" in result.stderr
+
+
 def json_of_a_run_cut_short(script, args, tmp_path, monkeypatch):
     """What ``script.main()`` (a smoke run with ``args``) wrote to ``--json`` before
     the failure a test planted in it."""
