@@ -34,6 +34,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import re
@@ -157,9 +158,24 @@ def h100s(count: int = 1) -> list[Any]:
 def compiled(fn: Callable, *specs: Any) -> str:
     """The optimized HLO of ``jax.jit(fn)`` for ``specs``. In a process without a
     GPU the default implementation would take "xla"; the H100 stands in for one."""
-    with mock.patch.object(_implementation, "_has_cuda", lambda: True):
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(_implementation, "_has_cuda", lambda: True))
+        patches.enter_context(h100_answers())
         jax.clear_caches()
         return jax.jit(fn).trace(*specs).lower().compile().as_text()  # type: ignore[no-any-return]
+
+
+def h100_answers() -> contextlib.AbstractContextManager:
+    """From JAX 0.11 the Triton lowering asks the local GPU for its compute
+    capability, which a compile-only device does not answer: the H100 does.
+    JAX 0.10 does not ask."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    from jax.experimental.pallas import triton as plgpu
+
+    if not hasattr(registration, "gpu_info_lib"):
+        return contextlib.nullcontext()
+    h100 = plgpu.get_gpu_info_from_version(plgpu.GpuVersion.H100)
+    return mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: h100)
 
 
 def nbytes(*specs: Any) -> int:
