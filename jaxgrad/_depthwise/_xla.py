@@ -438,8 +438,8 @@ def _sum_partials(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
 def _tree_sum(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """``partials`` summed over ``axes``: each axis after the first in levels of
     ``_FAN_IN`` slices, the last axis first; then the first axis (the batch, the
-    one a sharded program splits) in one level, so that a device sums only its
-    own shard before the small remainder is gathered once."""
+    one a sharded program splits) in one level, so that each device sums its own
+    shard before only the small remainders move between devices."""
     batch, *rest = sorted(axes)
     total = partials
     for axis in reversed(rest):
