@@ -34,6 +34,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -45,7 +46,6 @@ from unittest import mock
 
 import gpu
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgrad import _implementation
@@ -133,12 +133,9 @@ def launches(hlo: str) -> list[Launch]:
 
 def summary(found: list[Launch]) -> dict[str, Any]:
     """Launches by kind, and the bytes all of them move."""
-    kinds = {
-        kind: sum(launch.kind == kind for launch in found)
-        for kind in sorted({*LAUNCHES.values(), "triton"})
-    }
+    kinds = collections.Counter(launch.kind for launch in found)
     moved = sum(launch.read + launch.written for launch in found)
-    return {"kernels": {k: n for k, n in kinds.items() if n}, "bytes": moved}
+    return {"kernels": dict(sorted(kinds.items())), "bytes": moved}
 
 
 # --------------------------------------------------------------------------------------
@@ -178,10 +175,6 @@ def h100_answers() -> contextlib.AbstractContextManager:
     return mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: h100)
 
 
-def nbytes(*specs: Any) -> int:
-    return sum(int(np.prod(s.shape)) * jnp.dtype(s.dtype).itemsize for s in specs)
-
-
 def depthwise_rows(device: Any) -> Iterator[dict]:
     """Each depthwise op of each case: jaxgrad's default and "xla", and lax."""
     on = jax.sharding.SingleDeviceSharding(device)
@@ -205,7 +198,7 @@ def depthwise_rows(device: Any) -> Iterator[dict]:
                     yield {
                         "case": f"{name} {fmt} {dtype}",
                         "op": op,
-                        "least": nbytes(*args[op], result),
+                        "least": gpu.nbytes(*args[op], result),
                         "default": summary(launches(compiled(default[op], *args[op]))),
                         "xla": summary(launches(compiled(xla[op], *args[op]))),
                         "peer": summary(launches(compiled(peer[op], *peer_args[op]))),
@@ -228,7 +221,7 @@ def resample_rows(device: Any) -> Iterator[dict]:
                 yield {
                     "case": f"{layout} {mode} {scale}x {dtype}",
                     "op": op,
-                    "least": nbytes(x, dy),
+                    "least": gpu.nbytes(x, dy),
                     "default": summary(launches(compiled(default[op], *args))),
                     "xla": summary(launches(compiled(xla[op], *args))),
                     "peer": summary(launches(compiled(peer[op], *peer_args))),
