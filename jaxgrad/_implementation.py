@@ -7,8 +7,7 @@ custom VJP once; the arithmetic comes from one of its implementations:
 - ``"pallas"``: Pallas kernels, compiled by Triton on CUDA GPUs, and run in
   Pallas' interpret mode on the CPU (slow: for tests).
 - ``None``: the kernels on CUDA GPUs where they cover the case, ``"xla"``
-  everywhere else, and for arrays whose type shards them (JAX's explicit
-  sharding), which the kernels do not take.
+  everywhere else.
 
 The choice between platforms is made when the program is lowered
 (``lax.platform_dependent``), not when it is traced, so one jitted function runs
@@ -23,8 +22,6 @@ from typing import Any
 
 import jax
 from jax import lax
-
-from jaxgrad import _sharding
 
 IMPLEMENTATIONS = ("xla", "pallas")
 
@@ -83,20 +80,11 @@ def run(
     if implementation == "xla":
         return xla(*args)
     compiled = lambda *a: pallas(*a, interpret=False)  # noqa: E731
-    # The kernels are partitioned by XLA (custom_partitioning); under explicit
-    # sharding their references would be the sharded arrays themselves.
-    sharded = any(_sharding.typed_spec(a) is not None for a in args)
     if implementation is None:
-        if not (pallas_available and pallas_preferred and _has_cuda()) or sharded:
+        if not (pallas_available and pallas_preferred and _has_cuda()):
             return xla(*args)
         chosen: jax.Array = lax.platform_dependent(*args, cuda=compiled, default=xla)
         return chosen
-    if sharded:
-        raise ValueError(
-            f"{op}: implementation='pallas' does not take arrays whose type shards them "
-            "(JAX's explicit sharding); use implementation=None or 'xla', or a mesh of "
-            "automatic axes"
-        )
     if not pallas_available:
         raise ValueError(
             f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "

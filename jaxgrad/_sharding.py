@@ -8,19 +8,29 @@ move data on its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+
+
+def _spec(value: Any) -> Any:
+    """The ``PartitionSpec`` of ``value``'s type; ``None`` for a JAX without one."""
+    typeof = getattr(jax, "typeof", None)
+    return getattr(getattr(typeof(value), "sharding", None), "spec", None) if typeof else None
+
+
+def _shards(spec: Any) -> bool:
+    return spec is not None and any(part is not None for part in spec)
 
 
 def typed_spec(value: Any) -> Any:
     """The ``PartitionSpec`` that ``value``'s type shards it by, or ``None`` where its
     type does not shard it (automatic sharding, a replicated array, or a JAX
     without sharding in types)."""
-    typeof = getattr(jax, "typeof", None)
-    spec = getattr(getattr(typeof(value), "sharding", None), "spec", None) if typeof else None
-    return spec if spec is not None and any(part is not None for part in spec) else None
+    spec = _spec(value)
+    return spec if _shards(spec) else None
 
 
 def reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
@@ -28,3 +38,48 @@ def reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
     spec = jax.sharding.PartitionSpec(*parts)  # type: ignore[no-untyped-call]
     resharded: jax.Array = jax.sharding.reshard(value, spec)  # type: ignore[no-untyped-call]
     return resharded
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """An array's sharding type, kept by a custom VJP for a cotangent, which must
+    have its primal's type. A static pytree: it keeps no array alive."""
+
+    spec: Any
+
+    @classmethod
+    def of(cls, value: jax.Array) -> Layout:
+        return cls(_spec(value))
+
+    def apply(self, value: jax.Array) -> jax.Array:
+        """``value`` resharded to this layout where explicit sharding gives it another."""
+        if not _shards(self.spec) and typed_spec(value) is None:
+            return value
+        return value if _spec(value) == self.spec else reshard(value, self.spec)
+
+
+def like(value: jax.Array, reference: jax.Array) -> jax.Array:
+    """``value`` with ``reference``'s sharding type (see ``Layout``)."""
+    return Layout.of(reference).apply(value)
+
+
+def per_shard(
+    fn: Callable[..., jax.Array],
+    mesh: Any,
+    in_specs: Sequence[Any],
+    out_spec: Any,
+    *args: Any,
+) -> jax.Array:
+    """``fn`` on each device's shards of ``args`` (arrays, or pytrees of them), cut
+    as ``in_specs`` say.
+
+    ``fn``'s collectives say what they do (a ``psum`` adds the devices' values),
+    and a ``pallas_call`` declares no replication of its result, so the
+    replication of the result is not checked.
+    """
+    mapped = jax.shard_map(
+        fn, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_spec, check_vma=False
+    )
+    result: jax.Array = mapped(*args)
+    return result

@@ -119,56 +119,70 @@ def main(check: str, implementation: str | None) -> None:
             )
         return sharded
 
-    def explicit_pallas_refused(name, fn, args, axis):
-        """The kernels take no array whose type shards it: "pallas" says so."""
-        sharded = [jax.device_put(a, NamedSharding(mesh, spec(a, axis))) for a in args]
-        try:
-            jax.jit(fn)(*sharded)
-        except ValueError as error:
-            if "explicit sharding" not in str(error):
-                raise
-            print(f"ok explicit axis {axis} {name}: pallas refused")
-            return
-        if name.startswith("relu"):  # no kernel
-            return
-        raise SystemExit(f"{name}: implementation='pallas' ran on explicitly sharded arrays")
+    def check_collectives(name, fn, sharded, check, reduces_batch):
+        found = collectives(fn, sharded)
+        allowed = ["all-reduce"] if (reduces_batch and check == "batch") else []
+        if found != allowed:
+            raise SystemExit(f"{name} sharded by {check}: collectives {found}, expected {allowed}")
+        return found
 
-    def default_takes_xla_for_sharded_types():
-        """Under None, even in a process with a GPU, sharded types take "xla"."""
-        from jaxgrad import _implementation
+    def types_follow_primals(name, fn, args, specs, mesh=mesh):
+        """Explicitly sharded, every gradient has its primal's type (a custom VJP's
+        rule), however the primals are cut; each equals the unsharded gradient."""
+        expected = jax.jit(jax.grad(fn, tuple(range(len(args)))))(*args)
+        sharded = [
+            jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)
+        ]
+        got = jax.jit(jax.grad(fn, tuple(range(len(args)))))(*sharded)
+        for a, g, e in zip(sharded, got, expected, strict=True):
+            if jax.typeof(g).sharding.spec != jax.typeof(a).sharding.spec:
+                raise SystemExit(f"{name}: gradient {jax.typeof(g)} for primal {jax.typeof(a)}")
+            scale = max(1.0, float(np.abs(np.asarray(e)).max()))
+            np.testing.assert_allclose(
+                np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-5 * scale, err_msg=name
+            )
+        print(f"ok explicit {name}: {[str(s) for s in specs]}")
 
-        traced = []
+    def explicit_mixed_cuts():
+        """Shardings that batch- and channel-cut checks leave out: a filter cut
+        unlike the input (FSDP cuts parameters along the data axis), a replicated
+        filter with cut channels, and cut spatial axes."""
 
-        def pallas(a, *, interpret):
-            traced.append(interpret)
-            return a
+        def conv_loss(x, f):
+            return jnp.sum(conv(x, f) ** 2)
 
-        def default(a):
-            return _implementation.run(
-                "op", None, (a,), xla=lambda a: a + 1, pallas=pallas,
-                pallas_available=True, pallas_preferred=True,
-            )  # fmt: skip
+        def resample_loss(x):
+            return jnp.sum(jaxgrad.resample(x, (1, 2, 2, 1), **up) ** 2)
 
-        has_cuda, _implementation._has_cuda = _implementation._has_cuda, lambda: True
-        try:
-            jax.jit(default).trace(jax.device_put(x, NamedSharding(mesh, P("d"))))
-            assert not traced, "the kernels were traced for an explicitly sharded array"
-            jax.jit(default).trace(jax.device_put(x, NamedSharding(mesh, P())))
-            assert traced, "the kernels were not traced for a replicated array"
-        finally:
-            _implementation._has_cuda = has_cuda
-        print("ok explicit: the default takes 'xla' for sharded types")
+        cases = {
+            "conv, batch cut, filter cut on channels": (P("d"), P(None, None, "d")),
+            "conv, channels cut, filter whole": (P(None, None, None, "d"), P()),
+            "conv, rows cut": (P(None, "d"), P()),
+            "conv, columns cut, filter cut on channels": (P(None, None, "d"), P(None, None, "d")),
+        }
+        for name, specs in cases.items():
+            types_follow_primals(name, conv_loss, (x, f), specs)
+        # Data and model parallel at once: batch and channels cut over two mesh axes.
+        explicit = (jax.sharding.AxisType.Explicit,) * 2
+        grid = jax.make_mesh((4, 2), ("data", "model"), axis_types=explicit)
+        with jax.set_mesh(grid):
+            types_follow_primals(
+                "conv, batch and channels cut over a 4x2 mesh",
+                conv_loss,
+                (x, f),
+                (P("data", None, None, "model"), P(None, None, "model")),
+                mesh=grid,
+            )
+        types_follow_primals("resample, rows cut", resample_loss, (x,), (P(None, "d"),))
+        types_follow_primals(
+            "resample, channels cut", resample_loss, (x,), (P(None, None, None, "d"),)
+        )
 
     if check in ("batch", "channel"):
         axis = 0 if check == "batch" else 3
         for name, (fn, args, reduces_batch) in ops.items():
             sharded = compare(name, fn, args, axis, 1e-5)
-            found = collectives(fn, sharded)
-            allowed = ["all-reduce"] if (reduces_batch and check == "batch") else []
-            if found != allowed:
-                raise SystemExit(
-                    f"{name} sharded by {check}: collectives {found}, expected {allowed}"
-                )
+            found = check_collectives(name, fn, sharded, check, reduces_batch)
             print(f"ok {check:8} {name:18} collectives {found}")
     elif check == "spatial":
         # Sharding an axis that is resampled or convolved: halos and gathers cross
@@ -178,16 +192,15 @@ def main(check: str, implementation: str | None) -> None:
             print(f"ok spatial  {name}")
     elif check == "explicit":
         # Each array's sharding is part of its type, and the ops trace with it:
-        # batch- or channel-sharded, each op gives the unsharded result.
+        # batch- or channel-sharded, each op gives the unsharded result with the
+        # collectives of automatic sharding.
         with jax.set_mesh(mesh):
-            for axis in (0, 3):
-                for name, (fn, args, _) in ops.items():
-                    if implementation == "pallas":
-                        explicit_pallas_refused(name, fn, args, axis)
-                        continue
-                    compare(name, fn, args, axis, 1e-5)
-                    print(f"ok explicit axis {axis} {name}")
-            default_takes_xla_for_sharded_types()
+            for axis, cut in ((0, "batch"), (3, "channel")):
+                for name, (fn, args, reduces_batch) in ops.items():
+                    sharded = compare(name, fn, args, axis, 1e-5)
+                    found = check_collectives(name, fn, sharded, cut, reduces_batch)
+                    print(f"ok explicit {cut:8} {name:18} collectives {found}")
+            explicit_mixed_cuts()
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
         import unet

@@ -13,8 +13,8 @@ from helpers import run_script
     ("check", "implementation"),
     [
         *[(check, "default") for check in ("batch", "channel", "spatial", "train_step")],
-        # JAX's explicit sharding (sharding in types), batch and channels: the
-        # default computes it, "pallas" refuses it.
+        # JAX's explicit sharding (sharding in types): batch, channels, spatial
+        # and mixed cuts, for the default and the kernels.
         ("explicit", "default"),
         ("explicit", "pallas"),
         # The depthwise and resample kernels (interpreted on the CPU devices), each on

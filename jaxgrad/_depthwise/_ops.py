@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import jax
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _implementation
+from jaxgrad import _checks, _implementation, _sharding
 from jaxgrad._depthwise import _pallas, _partition, _xla
 from jaxgrad._depthwise._plan import (
     Conv,
@@ -313,12 +313,21 @@ def _run(
     op: str,
     impl: str | None,
     conv: Conv,
+    roles: tuple[str, str],
     xla: Callable[..., jax.Array],
     pallas: Callable[..., jax.Array],
     *args: jax.Array,
 ) -> jax.Array:
-    """``op``'s arithmetic on ``args``, from the implementation ``impl`` chooses."""
-    return _implementation.run(
+    """``op``'s arithmetic on ``args``, from the implementation ``impl`` chooses.
+
+    ``roles`` names the operands and the result (``"xf", "y"``: input and filter
+    to output). Under explicit sharding they are laid out as
+    ``_partition.explicit_specs`` says, whichever implementation computes.
+    """
+    specs = _partition.explicit_specs(conv, *roles, args)
+    if specs is not None:
+        args = tuple(_sharding.reshard(a, spec) for a, spec in zip(args, specs, strict=False))
+    result = _implementation.run(
         op,
         impl,
         args,
@@ -327,6 +336,7 @@ def _run(
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(conv, args[0].dtype),
     )
+    return result if specs is None else _sharding.reshard(result, specs[-1])
 
 
 # --------------------------------------------------------------------------------------
@@ -337,7 +347,7 @@ def _run(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run("depthwise_conv2d", impl, conv, _xla.forward, _partition.forward, x, f)
+    return _run("depthwise_conv2d", impl, conv, ("xf", "y"), _xla.forward, _partition.forward, x, f)
 
 
 def _conv_fwd(
@@ -350,7 +360,8 @@ def _conv_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], g: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, f = residuals
-    return _backprop_input(f, g, conv, impl), _backprop_filter(x, g, conv, impl)
+    dx, df = _backprop_input(f, g, conv, impl), _backprop_filter(x, g, conv, impl)
+    return _sharding.like(dx, x), _sharding.like(df, f)
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)
@@ -362,6 +373,7 @@ def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -
         "depthwise_conv2d_backprop_input",
         impl,
         conv,
+        ("fy", "x"),
         _xla.input_gradient,
         _partition.input_gradient,
         f,
@@ -379,7 +391,8 @@ def _backprop_input_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     f, dy = residuals
-    return _backprop_filter(c, dy, conv, impl), _conv(c, f, conv, impl)
+    df, ddy = _backprop_filter(c, dy, conv, impl), _conv(c, f, conv, impl)
+    return _sharding.like(df, f), _sharding.like(ddy, dy)
 
 
 _backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd)
@@ -391,6 +404,7 @@ def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) 
         "depthwise_conv2d_backprop_filter",
         impl,
         conv,
+        ("xy", "f"),
         _xla.filter_gradient,
         _partition.filter_gradient,
         x,
@@ -408,7 +422,8 @@ def _backprop_filter_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, dy = residuals
-    return _backprop_input(c, dy, conv, impl), _conv(x, c, conv, impl)
+    dx, ddy = _backprop_input(c, dy, conv, impl), _conv(x, c, conv, impl)
+    return _sharding.like(dx, x), _sharding.like(ddy, dy)
 
 
 _backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)

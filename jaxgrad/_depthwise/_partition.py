@@ -1,14 +1,17 @@
-"""Sharding and batching for the depthwise kernels.
+"""Sharding for the depthwise ops, and batching for their kernels.
 
-A ``pallas_call`` is opaque to XLA's partitioner, which would gather a sharded
-operand onto every device before the kernel. So each kernel is wrapped in
-``custom_partitioning``: with the batch or the channels sharded, every device
-runs the kernel on its own shard, and the only collective is the filter
-gradient's sum over a sharded batch (one all-reduce of float32 partials, rounded
-once). Spatial axes are gathered: a window reaches across a spatial cut.
+With the batch or the channels sharded, every device convolves its own shard,
+and the only collective is the filter gradient's sum over a sharded batch (one
+all-reduce of float32 partials, rounded once). Spatial axes are gathered: a
+window reaches across a spatial cut.
 
-``custom_partitioning`` has no batching rule, so ``custom_vmap`` batches the
-kernels through ``pallas_call``'s own rule.
+Under JAX's explicit sharding the ops lay their arrays out so
+(``explicit_specs``), whichever implementation computes, and the kernels run
+under ``shard_map``. Under automatic sharding a kernel, a ``pallas_call`` opaque
+to XLA's partitioner (which would gather a sharded operand onto every device),
+is wrapped in ``custom_partitioning`` instead. ``custom_partitioning`` has no
+batching rule, so ``custom_vmap`` batches the kernels through ``pallas_call``'s
+own rule.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrad import _checks
+from jaxgrad import _checks, _sharding
 from jaxgrad._depthwise import _pallas
 from jaxgrad._depthwise._plan import Conv
 
@@ -98,42 +101,74 @@ def _rule(conv: Conv, operands: str, result: str) -> tuple[str, dict[str, Any]]:
     return rule, extra
 
 
-def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
-    """``kernel(a, b, conv, interpret=...)`` under ``custom_partitioning``.
+def _lead(operands: str) -> int:
+    """The operand whose cuts of batch and channels the others follow: the first
+    activation among them."""
+    return operands.index("x") if "x" in operands else operands.index("y")
 
-    ``operands`` and ``result`` name the arrays' roles: ``x``/``y`` activations
-    (input and output side), ``f`` the filter.
+
+def _specs(split: _Split, conv: Conv, roles: str) -> list[Any]:
+    return [split.filter() if role == "f" else split.activation(conv) for role in roles]
+
+
+def _typed_split(conv: Conv, operands: str, args: tuple[jax.Array, ...]) -> Any:
+    """Under explicit sharding, the mesh of the arrays' types and how the first
+    activation's type cuts batch and channels; ``None`` where no type shards."""
+    typed = [a for a in args if _sharding.typed_spec(a) is not None]
+    if not typed:
+        return None
+    mesh = jax.typeof(typed[0]).sharding.mesh
+    return mesh, _split(conv, mesh, jax.typeof(args[_lead(operands)]).sharding)
+
+
+def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array, ...]) -> Any:
+    """Under JAX's explicit sharding, the shardings the operands and the result
+    take (``PartitionSpec``s, in the order of ``operands + result``); ``None``
+    where no operand's type shards it.
+
+    Batch and channels keep the cuts of the first activation's type where they
+    divide the axis; the spatial axes are whole (a window reaches across a
+    spatial cut), and the filter is cut as the channels are. Both
+    implementations compute on arrays so laid out.
     """
-    # The first activation among the operands decides how batch and channels split.
-    lead = operands.index("x") if "x" in operands else operands.index("y")
+    typed = _typed_split(conv, operands, args)
+    return None if typed is None else _specs(typed[1], conv, operands + result)
 
-    def specs(split: _Split, conv: Conv) -> list[Any]:
-        return [split.filter() if o == "f" else split.activation(conv) for o in operands + result]
+
+def _per_device(
+    kernel: Kernel, conv: Conv, split: _Split, mesh: Any, result: str, interpret: bool
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The kernel on one device's shards of arrays cut by ``split``."""
+    local = split.local(conv, mesh)
+    if not (result == "f" and split.batch):
+        return lambda a, b: kernel(a, b, local, interpret=interpret)
+
+    def summed(a: jax.Array, b: jax.Array) -> jax.Array:
+        # Each device's float32 sum, then one all-reduce, then one rounding.
+        sums = kernel(a, b, local, interpret=interpret, dtype=_checks.compute_dtype(a.dtype))
+        total: jax.Array = lax.psum(sums, split.batch)  # type: ignore[no-untyped-call]
+        return total.astype(a.dtype)
+
+    return summed
+
+
+def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
+    """``kernel(a, b, conv, interpret)`` under ``custom_partitioning``: XLA's
+    partitioner (automatic sharding) runs it on each device's shards."""
+    lead = _lead(operands)
 
     def partition(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any):  # type: ignore[no-untyped-def]
         del result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        local = split.local(conv, mesh)
-        *arg_specs, out_spec = specs(split, conv)
-        reduce_batch = result == "f" and split.batch
-
-        def lower(a: jax.Array, b: jax.Array) -> jax.Array:
-            if not reduce_batch:
-                return kernel(a, b, local, interpret=interpret)
-            # Each device's float32 sum, then one all-reduce, then one rounding.
-            sums = kernel(a, b, local, interpret=interpret, dtype=_checks.compute_dtype(a.dtype))
-            total: jax.Array = lax.psum(sums, split.batch)  # type: ignore[no-untyped-call]
-            return total.astype(a.dtype)
-
-        def shard(spec: Any) -> Any:
-            return NamedSharding(mesh, spec)
-
-        return mesh, lower, shard(out_spec), tuple(shard(s) for s in arg_specs)
+        specs = _specs(split, conv, operands + result)
+        *arg_shardings, out_sharding = (NamedSharding(mesh, spec) for spec in specs)
+        lower = _per_device(kernel, conv, split, mesh, result, interpret)
+        return mesh, lower, out_sharding, tuple(arg_shardings)
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         del interpret, result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        return NamedSharding(mesh, specs(split, conv)[-1])
+        return NamedSharding(mesh, split.filter() if result == "f" else split.activation(conv))
 
     @functools.partial(custom_partitioning, static_argnums=(2, 3))
     def call(a: jax.Array, b: jax.Array, conv: Conv, interpret: bool) -> jax.Array:
@@ -147,10 +182,25 @@ def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
     return call
 
 
-def _batched(call: Any, kernel: Kernel) -> Kernel:
-    """``call`` under ``custom_vmap``: a vmapped kernel batches through ``pallas_call``."""
+def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
+    """``kernel`` for every way JAX may call it.
+
+    - Explicit sharding: ``shard_map`` over the arrays' types, laid out by
+      ``explicit_specs`` (the op has resharded them so).
+    - Automatic sharding: ``custom_partitioning``.
+    - ``vmap``: ``custom_partitioning`` has no batching rule, so ``custom_vmap``
+      batches the kernel through ``pallas_call``'s own rule.
+    """
+    call = _partitioned(kernel, operands, result)
 
     def run(a: jax.Array, b: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
+        typed = _typed_split(conv, operands, (a, b))
+        if typed is not None:
+            mesh, split = typed
+            per_device = _per_device(kernel, conv, split, mesh, result, interpret)
+            *in_specs, out_spec = _specs(split, conv, operands + result)
+            return _sharding.per_shard(per_device, mesh, in_specs, out_spec, a, b)
+
         @jax.custom_batching.custom_vmap
         def once(a: jax.Array, b: jax.Array) -> jax.Array:
             return call(a, b, conv, interpret)  # type: ignore[no-any-return]
@@ -167,8 +217,6 @@ def _batched(call: Any, kernel: Kernel) -> Kernel:
     return run
 
 
-forward = _batched(_partitioned(_pallas.forward, "xf", "y"), _pallas.forward)
-input_gradient = _batched(_partitioned(_pallas.input_gradient, "fy", "x"), _pallas.input_gradient)
-filter_gradient = _batched(
-    _partitioned(_pallas.filter_gradient, "xy", "f"), _pallas.filter_gradient
-)
+forward = _wrapped(_pallas.forward, "xf", "y")
+input_gradient = _wrapped(_pallas.input_gradient, "fy", "x")
+filter_gradient = _wrapped(_pallas.filter_gradient, "xy", "f")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _implementation
+from jaxgrad import _checks, _implementation, _sharding
 from jaxgrad._resample import _pallas, _partition, _plan, _xla
 from jaxgrad._resample._plan import Axis
 
@@ -263,8 +263,13 @@ def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
 
 
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:
-    """The map (or its transpose) on ``x``, from the implementation ``impl`` chooses."""
-    return _implementation.run(
+    """The map (or its transpose) on ``x``, from the implementation ``impl`` chooses.
+    Under explicit sharding ``x`` and the result are laid out as
+    ``_partition.explicit_spec`` says, whichever implementation computes."""
+    spec = _partition.explicit_spec(axes, transpose, x)
+    if spec is not None:
+        x = _sharding.reshard(x, spec)
+    result = _implementation.run(
         "resample_grad" if transpose else "resample",
         impl,
         (x,),
@@ -273,6 +278,7 @@ def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(axes, transpose, x.dtype),
     )
+    return result if spec is None else _sharding.reshard(result, spec)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -284,16 +290,21 @@ def resample_core(
 
 def _resample_core_fwd(
     x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
-) -> tuple[jax.Array, None]:
-    return resample_core(x, axes, transpose, impl), None  # linear: nothing to keep
+) -> tuple[jax.Array, _sharding.Layout]:
+    # Linear: no array to keep, only the sharding type the cotangent must have.
+    return resample_core(x, axes, transpose, impl), _sharding.Layout.of(x)
 
 
 def _resample_core_bwd(
-    axes: tuple[Axis, ...], transpose: bool, impl: str | None, _: None, g: jax.Array
+    axes: tuple[Axis, ...],
+    transpose: bool,
+    impl: str | None,
+    layout: _sharding.Layout,
+    g: jax.Array,
 ) -> tuple[jax.Array]:
     # resample's VJP is resample_grad and resample_grad's is resample, with the
     # same implementation: the pair is closed under differentiation.
-    return (resample_core(g, axes, not transpose, impl),)
+    return (layout.apply(resample_core(g, axes, not transpose, impl)),)
 
 
 resample_core.defvjp(_resample_core_fwd, _resample_core_bwd)

@@ -254,19 +254,12 @@ class _Work:
 
 def _work(axes: tuple[Axis, ...], transpose: bool) -> _Work | None:
     """The kernel's work, or None if every axis is the identity."""
-    plans = [_plan.plan(axis, transpose) for axis in axes]
-    moved = [d for d, plan in enumerate(plans) if not plan.is_identity]
-    if not moved:
+    span = _plan.resampled_axes(axes, transpose)
+    if not span:
         return None
-    first, last = moved[0], moved[-1]
-    exact = all(plans[d].is_exact for d in moved)
-    return _Work(tuple(plans[first : last + 1]), first, exact)
-
-
-def resampled_axes(axes: tuple[Axis, ...], transpose: bool) -> range:
-    """The axes the kernel reads along, which must not be cut by sharding."""
-    work = _work(axes, transpose)
-    return range(work.first, work.last + 1) if work else range(0)
+    plans = tuple(_plan.plan(axes[d], transpose) for d in span)
+    exact = all(plan.is_exact for plan in plans if not plan.is_identity)
+    return _Work(plans, span.start, exact)
 
 
 def _dtypes(work: _Work, dtype: Any) -> tuple[Any, Any]:

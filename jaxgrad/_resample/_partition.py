@@ -1,12 +1,14 @@
-"""Sharding and batching for the resample kernel.
+"""Sharding for resample, and batching for its kernel.
 
-A ``pallas_call`` is opaque to XLA's partitioner, which would gather a sharded
-operand onto every device before the kernel. So the kernel is wrapped in
-``custom_partitioning``: the axes outside the resampled ones (batch and channels,
-typically) may stay sharded, and every device resamples its own shard with no
-collective. The resampled axes, and any between them, are gathered: a tap
-reaches across a cut there.
+The axes outside the resampled ones (batch and channels, typically) may stay
+sharded, and every device resamples its own shard with no collective. The
+resampled axes, and any between them, are gathered: a tap reaches across a cut
+there.
 
+Under JAX's explicit sharding the op lays its operand out so
+(``explicit_spec``), whichever implementation computes, and the kernel runs
+under ``shard_map``. Under automatic sharding the kernel, a ``pallas_call``
+opaque to XLA's partitioner, is wrapped in ``custom_partitioning`` instead.
 ``custom_partitioning`` has no batching rule, so ``custom_vmap`` batches the
 kernel through ``pallas_call``'s own rule.
 """
@@ -20,23 +22,33 @@ import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrad._resample import _pallas
+from jaxgrad import _sharding
+from jaxgrad._resample import _pallas, _plan
 from jaxgrad._resample._plan import Axis
 
 
 def _spec(axes: tuple[Axis, ...], transpose: bool, sharding: Any) -> PartitionSpec:
     """The operand's sharding with the resampled axes made whole."""
     spec = tuple(getattr(sharding, "spec", ())) + (None,) * len(axes)
-    whole = _pallas.resampled_axes(axes, transpose)
+    whole = _plan.resampled_axes(axes, transpose)
     entries = [None if d in whole else spec[d] for d in range(len(axes))]
     return PartitionSpec(*entries)  # type: ignore[no-untyped-call]
+
+
+def explicit_spec(axes: tuple[Axis, ...], transpose: bool, x: jax.Array) -> Any:
+    """Under JAX's explicit sharding, the sharding that the operand and the
+    result take: ``x``'s type with the resampled axes whole. ``None`` where
+    ``x``'s type does not shard it."""
+    if _sharding.typed_spec(x) is None:
+        return None
+    return _spec(axes, transpose, jax.typeof(x).sharding)
 
 
 def _rule(axes: tuple[Axis, ...], transpose: bool, tables: int) -> tuple[str, dict[str, Any]]:
     """The Shardy rule: an axis outside the resampled ones is one factor of both
     operand and result; a resampled axis is one factor in each, kept whole, as
     are the tables."""
-    whole = _pallas.resampled_axes(axes, transpose)
+    whole = _plan.resampled_axes(axes, transpose)
     operand = " ".join(f"x{d}" for d in range(len(axes)))
     result = " ".join(f"y{d}" if d in whole else f"x{d}" for d in range(len(axes)))
     table_factors = [(f"t{i}_0", f"t{i}_1") for i in range(tables)]
@@ -102,8 +114,15 @@ _call.def_partition(  # type: ignore[no-untyped-call]
 
 
 def apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, *, interpret: bool) -> jax.Array:
-    """``_pallas.apply`` under ``custom_partitioning`` and ``custom_vmap``."""
+    """``_pallas.apply`` under ``shard_map`` (explicit sharding), or
+    ``custom_partitioning`` and ``custom_vmap``."""
     tables = _pallas.tables(axes, transpose, x.dtype)
+    spec = explicit_spec(axes, transpose, x)
+    if spec is not None:
+        whole = PartitionSpec()  # type: ignore[no-untyped-call]
+        each = functools.partial(_pallas.apply, axes=axes, transpose=transpose, interpret=interpret)
+        mesh = jax.typeof(x).sharding.mesh
+        return _sharding.per_shard(each, mesh, (spec, (whole,) * len(tables)), spec, x, tables)
 
     @jax.custom_batching.custom_vmap
     def once(x: jax.Array, tables: tuple[jax.Array, ...]) -> jax.Array:

@@ -443,6 +443,13 @@ def plan(axis: Axis, transpose: bool) -> Plan:
     return _CACHE.get(axis, transpose)
 
 
+def resampled_axes(axes: tuple[Axis, ...], transpose: bool) -> range:
+    """The axes from the first to the last that the map (or its transpose) does
+    not leave as they are; empty where it is the identity."""
+    moved = [d for d, axis in enumerate(axes) if not plan(axis, transpose).is_identity]
+    return range(moved[0], moved[-1] + 1) if moved else range(0)
+
+
 def pattern_rows(plan: Plan) -> tuple[jax.Array, jax.Array]:
     """For every row of the axis, computed in the program: its row in
     ``plan.compact()`` and the offset added to the columns it reads there
