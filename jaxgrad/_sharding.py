@@ -33,6 +33,17 @@ def typed_spec(value: Any) -> Any:
     return spec if _shards(spec) else None
 
 
+def explicit_mesh(args: Sequence[Any]) -> Any:
+    """The mesh of explicit axes that ``args`` live on: the one their types name,
+    else the one ``jax.set_mesh`` entered; ``None`` under automatic sharding."""
+    explicit = jax.sharding.AxisType.Explicit
+    typed = (getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None) for a in args)
+    for mesh in (*typed, jax.sharding.get_abstract_mesh()):
+        if explicit in getattr(mesh, "axis_types", ()):
+            return mesh
+    return None
+
+
 def reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
     """``value`` resharded by the ``PartitionSpec`` of ``parts``, on the current mesh."""
     spec = jax.sharding.PartitionSpec(*parts)  # type: ignore[no-untyped-call]

@@ -112,19 +112,18 @@ def _specs(split: _Split, conv: Conv, roles: str) -> list[Any]:
 
 
 def _typed_split(conv: Conv, operands: str, args: tuple[jax.Array, ...]) -> Any:
-    """Under explicit sharding, the mesh of the arrays' types and how the first
-    activation's type cuts batch and channels; ``None`` where no type shards."""
-    typed = [a for a in args if _sharding.typed_spec(a) is not None]
-    if not typed:
+    """Under explicit sharding, its mesh and how the first activation's type cuts
+    batch and channels; ``None`` under automatic sharding."""
+    mesh = _sharding.explicit_mesh(args)
+    if mesh is None:
         return None
-    mesh = jax.typeof(typed[0]).sharding.mesh
     return mesh, _split(conv, mesh, jax.typeof(args[_lead(operands)]).sharding)
 
 
 def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array, ...]) -> Any:
     """Under JAX's explicit sharding, the shardings the operands and the result
     take (``PartitionSpec``s, in the order of ``operands + result``); ``None``
-    where no operand's type shards it.
+    under automatic sharding.
 
     Batch and channels keep the cuts of the first activation's type where they
     divide the axis; the spatial axes are whole (a window reaches across a

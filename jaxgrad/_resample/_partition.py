@@ -37,9 +37,9 @@ def _spec(axes: tuple[Axis, ...], transpose: bool, sharding: Any) -> PartitionSp
 
 def explicit_spec(axes: tuple[Axis, ...], transpose: bool, x: jax.Array) -> Any:
     """Under JAX's explicit sharding, the sharding that the operand and the
-    result take: ``x``'s type with the resampled axes whole. ``None`` where
-    ``x``'s type does not shard it."""
-    if _sharding.typed_spec(x) is None:
+    result take: ``x``'s type with the resampled axes whole. ``None`` under
+    automatic sharding."""
+    if _sharding.explicit_mesh((x,)) is None:
         return None
     return _spec(axes, transpose, jax.typeof(x).sharding)
 
@@ -121,7 +121,7 @@ def apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, *, interpret: b
     if spec is not None:
         whole = PartitionSpec()  # type: ignore[no-untyped-call]
         each = functools.partial(_pallas.apply, axes=axes, transpose=transpose, interpret=interpret)
-        mesh = jax.typeof(x).sharding.mesh
+        mesh = _sharding.explicit_mesh((x,))
         return _sharding.per_shard(each, mesh, (spec, (whole,) * len(tables)), spec, x, tables)
 
     @jax.custom_batching.custom_vmap
