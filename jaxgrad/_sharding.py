@@ -15,10 +15,15 @@ from typing import Any
 import jax
 
 
+def _typed_sharding(value: Any) -> Any:
+    """The sharding in ``value``'s type; ``None`` for a JAX without sharding in types."""
+    typeof = getattr(jax, "typeof", None)
+    return getattr(typeof(value), "sharding", None) if typeof else None
+
+
 def _spec(value: Any) -> Any:
     """The ``PartitionSpec`` of ``value``'s type; ``None`` for a JAX without one."""
-    typeof = getattr(jax, "typeof", None)
-    return getattr(getattr(typeof(value), "sharding", None), "spec", None) if typeof else None
+    return getattr(_typed_sharding(value), "spec", None)
 
 
 def _shards(spec: Any) -> bool:
@@ -36,10 +41,13 @@ def typed_spec(value: Any) -> Any:
 def explicit_mesh(args: Sequence[Any]) -> Any:
     """The mesh of explicit axes that ``args`` live on: the one their types name,
     else the one ``jax.set_mesh`` entered; ``None`` under automatic sharding."""
-    explicit = jax.sharding.AxisType.Explicit
-    typed = (getattr(getattr(jax.typeof(a), "sharding", None), "mesh", None) for a in args)
-    for mesh in (*typed, jax.sharding.get_abstract_mesh()):
-        if explicit in getattr(mesh, "axis_types", ()):
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is None:  # a JAX without explicit sharding
+        return None
+    meshes = [getattr(_typed_sharding(a), "mesh", None) for a in args]
+    meshes.append(jax.sharding.get_abstract_mesh())
+    for mesh in meshes:
+        if axis_type.Explicit in getattr(mesh, "axis_types", ()):
             return mesh
     return None
 
