@@ -97,30 +97,38 @@ def main(check: str, implementation: str | None) -> None:
         parts[axis] = "d"
         return P(*parts)
 
-    def collectives(fn, args):
+    def collectives(hlo):
         """Every collective instruction in the compiled HLO, one entry per occurrence."""
-        hlo = jax.jit(fn).lower(*args).compile().as_text()
         return sorted(c for c in COLLECTIVES for _ in re.finditer(rf" {c}(-start)?\(", hlo))
 
-    def compare(name, fn, args, axis, tol):
-        expected = jax.jit(fn)(*args)
-        sharded = [jax.device_put(a, NamedSharding(mesh, spec(a, axis))) for a in args]
-        got = jax.jit(fn)(*sharded)
+    unsharded = {}  # name: the unsharded result, computed once
+
+    def unsharded_result(name, fn, args):
+        if name not in unsharded:
+            unsharded[name] = jax.jit(fn)(*args)
+        return unsharded[name]
+
+    def close(got, expected, tol, message):
         for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
             # Per device, XLA may sum in another order: rounding errors scale with
             # the terms (the largest results), not with the cancelled small ones.
             scale = max(1.0, float(np.abs(np.asarray(e, np.float64)).max(initial=0.0)))
             np.testing.assert_allclose(
-                np.asarray(g),
-                np.asarray(e),
-                rtol=tol,
-                atol=tol * scale,
-                err_msg=f"{name} sharded on axis {axis}",
+                np.asarray(g), np.asarray(e), rtol=tol, atol=tol * scale, err_msg=message
             )
-        return sharded
 
-    def check_collectives(name, fn, sharded, check, reduces_batch):
-        found = collectives(fn, sharded)
+    def compare(name, fn, args, axis, tol):
+        """Checks ``fn`` on ``args`` sharded on ``axis`` against the unsharded
+        result; returns the sharded program's optimized HLO."""
+        expected = unsharded_result(name, fn, args)
+        sharded = [jax.device_put(a, NamedSharding(mesh, spec(a, axis))) for a in args]
+        program = jax.jit(fn).lower(*sharded).compile()
+        got = program(*sharded)
+        close(got, expected, tol, f"{name} sharded on axis {axis}")
+        return program.as_text()
+
+    def check_collectives(name, hlo, check, reduces_batch):
+        found = collectives(hlo)
         allowed = ["all-reduce"] if (reduces_batch and check == "batch") else []
         if found != allowed:
             raise SystemExit(f"{name} sharded by {check}: collectives {found}, expected {allowed}")
@@ -129,31 +137,36 @@ def main(check: str, implementation: str | None) -> None:
     def types_follow_primals(name, fn, args, specs, mesh=mesh):
         """Explicitly sharded, every gradient has its primal's type (a custom VJP's
         rule), however the primals are cut; each equals the unsharded gradient."""
-        expected = jax.jit(jax.grad(fn, tuple(range(len(args)))))(*args)
+        grad = jax.grad(fn, tuple(range(len(args))))
+        expected = unsharded_result(fn.__name__, grad, args)
         sharded = [
             jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)
         ]
-        got = jax.jit(jax.grad(fn, tuple(range(len(args)))))(*sharded)
-        for a, g, e in zip(sharded, got, expected, strict=True):
+        got = jax.jit(grad)(*sharded)
+        for a, g in zip(sharded, got, strict=True):
             if jax.typeof(g).sharding.spec != jax.typeof(a).sharding.spec:
                 raise SystemExit(f"{name}: gradient {jax.typeof(g)} for primal {jax.typeof(a)}")
-            scale = max(1.0, float(np.abs(np.asarray(e)).max()))
-            np.testing.assert_allclose(
-                np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-5 * scale, err_msg=name
-            )
+        close(got, expected, 1e-5, name)
         print(f"ok explicit {name}: {[str(s) for s in specs]}")
+
+    def conv_loss(x, f):
+        return jnp.sum(conv(x, f) ** 2)
+
+    def resample_loss(x):
+        return jnp.sum(jaxgrad.resample(x, (1, 2, 2, 1), **up) ** 2)
+
+    def explicit_replicated():
+        """Arrays that no type shards, in a jit under the mesh: the kernels run
+        there too (JAX 0.11 refused custom_partitioning there)."""
+        for name in ("resample", "depthwise_conv2d"):
+            fn, args, _ = ops[name]
+            close(jax.jit(fn)(*args), unsharded_result(name, fn, args), 1e-5, name)
+        print("ok explicit replicated arrays under the mesh")
 
     def explicit_mixed_cuts():
         """Shardings that batch- and channel-cut checks leave out: a filter cut
         unlike the input (FSDP cuts parameters along the data axis), a replicated
         filter with cut channels, and cut spatial axes."""
-
-        def conv_loss(x, f):
-            return jnp.sum(conv(x, f) ** 2)
-
-        def resample_loss(x):
-            return jnp.sum(jaxgrad.resample(x, (1, 2, 2, 1), **up) ** 2)
-
         cases = {
             "conv, batch cut, filter cut on channels": (P("d"), P(None, None, "d")),
             "conv, channels cut, filter whole": (P(None, None, None, "d"), P()),
@@ -181,8 +194,8 @@ def main(check: str, implementation: str | None) -> None:
     if check in ("batch", "channel"):
         axis = 0 if check == "batch" else 3
         for name, (fn, args, reduces_batch) in ops.items():
-            sharded = compare(name, fn, args, axis, 1e-5)
-            found = check_collectives(name, fn, sharded, check, reduces_batch)
+            hlo = compare(name, fn, args, axis, 1e-5)
+            found = check_collectives(name, hlo, check, reduces_batch)
             print(f"ok {check:8} {name:18} collectives {found}")
     elif check == "spatial":
         # Sharding an axis that is resampled or convolved: halos and gathers cross
@@ -193,14 +206,20 @@ def main(check: str, implementation: str | None) -> None:
     elif check == "explicit":
         # Each array's sharding is part of its type, and the ops trace with it:
         # batch- or channel-sharded, each op gives the unsharded result with the
-        # collectives of automatic sharding.
+        # collectives of automatic sharding. Unsharded results are computed first,
+        # outside the mesh: under it the kernels would run on every device.
+        for name, (fn, args, _) in ops.items():
+            unsharded_result(name, fn, args)
+        unsharded_result("conv_loss", jax.grad(conv_loss, (0, 1)), (x, f))
+        unsharded_result("resample_loss", jax.grad(resample_loss, (0,)), (x,))
         with jax.set_mesh(mesh):
             for axis, cut in ((0, "batch"), (3, "channel")):
                 for name, (fn, args, reduces_batch) in ops.items():
-                    sharded = compare(name, fn, args, axis, 1e-5)
-                    found = check_collectives(name, fn, sharded, cut, reduces_batch)
+                    hlo = compare(name, fn, args, axis, 1e-5)
+                    found = check_collectives(name, hlo, cut, reduces_batch)
                     print(f"ok explicit {cut:8} {name:18} collectives {found}")
             explicit_mixed_cuts()
+            explicit_replicated()
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
         import unet
