@@ -9,6 +9,7 @@ failure. (A subprocess, because the device count is fixed when JAX starts.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -230,16 +231,19 @@ def main(check: str, implementation: str | None) -> None:
         noisy, clean = unet.make_batch(jax.random.key(1), 8, 32)
         step = jax.jit(unet.train_step)
         one = step(params, opt, noisy, clean)
-        rep, by_batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
-        many = step(
-            jax.device_put(params, rep),
-            jax.device_put(unet.adam_init(params), rep),
-            jax.device_put(noisy, by_batch),
-            jax.device_put(clean, by_batch),
-        )
-        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
-            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
-        print("ok train step on 8 devices equals 1 device")
+        explicit = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+        for on in (mesh, explicit):  # automatic sharding, then sharding in types
+            rep, by_batch = NamedSharding(on, P()), NamedSharding(on, P("d"))
+            with jax.set_mesh(on) if on is explicit else contextlib.nullcontext():
+                many = step(
+                    jax.device_put(params, rep),
+                    jax.device_put(unet.adam_init(params), rep),
+                    jax.device_put(noisy, by_batch),
+                    jax.device_put(clean, by_batch),
+                )
+            for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
+                np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+        print("ok train step on 8 devices equals 1 device, automatic and explicit sharding")
     else:
         raise SystemExit(f"unknown check {check!r}")
 
