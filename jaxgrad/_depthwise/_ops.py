@@ -326,7 +326,8 @@ def _run(
     """
     specs = _partition.explicit_specs(conv, *roles, args)
     if specs is not None:
-        args = tuple(_sharding.reshard(a, spec) for a, spec in zip(args, specs, strict=False))
+        *arg_specs, _ = specs
+        args = tuple(_sharding.reshard(a, s) for a, s in zip(args, arg_specs, strict=True))
     result = _implementation.run(
         op,
         impl,
