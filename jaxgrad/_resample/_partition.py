@@ -117,11 +117,11 @@ def apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, *, interpret: b
     """``_pallas.apply`` under ``shard_map`` (explicit sharding), or
     ``custom_partitioning`` and ``custom_vmap``."""
     tables = _pallas.tables(axes, transpose, x.dtype)
-    spec = explicit_spec(axes, transpose, x)
-    if spec is not None:
+    mesh = _sharding.explicit_mesh((x,))
+    if mesh is not None:
+        spec = _spec(axes, transpose, jax.typeof(x).sharding)
         whole = PartitionSpec()  # type: ignore[no-untyped-call]
         each = functools.partial(_pallas.apply, axes=axes, transpose=transpose, interpret=interpret)
-        mesh = _sharding.explicit_mesh((x,))
         return _sharding.per_shard(each, mesh, (spec, (whole,) * len(tables)), spec, x, tables)
 
     @jax.custom_batching.custom_vmap
