@@ -9,6 +9,7 @@ move data on its own.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,20 @@ def explicit_mesh(args: Sequence[Any]) -> Any:
         if axis_type.Explicit in getattr(mesh, "axis_types", ()):
             return mesh
     return None
+
+
+def cuts_that_divide(parts: Sequence[Any], shape: Sequence[int], mesh: Any) -> tuple[Any, ...]:
+    """``parts`` (a ``PartitionSpec``'s entries) with each cut dropped where its mesh
+    axes do not divide the length of its axis in ``shape``."""
+
+    def size(part: Any) -> int:
+        axes = (part,) if isinstance(part, str) else tuple(part)
+        return math.prod(mesh.shape[a] for a in axes)
+
+    return tuple(
+        part if part is None or length % size(part) == 0 else None
+        for part, length in zip(parts, shape, strict=True)
+    )
 
 
 def reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:

@@ -156,6 +156,41 @@ def main(check: str, implementation: str | None) -> None:
     def resample_loss(x):
         return jnp.sum(jaxgrad.resample(x, (1, 2, 2, 1), **up) ** 2)
 
+    def result_type_cases():
+        """name: (function, arguments, their cuts, the cut the result must have)."""
+        rows, columns = P(None, "d", None, None), P(None, None, "d", None)
+        whole = P(None, None, None, None)
+
+        def valid(x, f):  # 16 rows in, 14 out: 8 devices no longer divide them
+            return jaxgrad.depthwise_conv2d(x, f, (1, 1), "VALID", implementation=implementation)
+
+        cases = {
+            "conv, rows cut": (conv, (x, f), (rows, P()), rows),
+            "conv VALID, rows cut": (valid, (x, f), (rows, P()), whole),
+            "backprop_input, rows cut": (ops["backprop_input"][0], (f, dy_conv), (P(), rows), rows),
+            "resample 2x, rows cut": (ops["resample"][0], (x,), (rows,), rows),
+            "resample_grad, rows cut": (ops["resample_grad"][0], (dy_up,), (rows,), rows),
+            "resize to 20 columns, columns cut": (ops["resize"][0], (x,), (columns,), whole),
+        }
+        if implementation == "pallas":  # the rule is the op's; one case per kernel family
+            cases = {n: cases[n] for n in ("conv, rows cut", "resample 2x, rows cut")}
+        return cases
+
+    def explicit_result_types():
+        """A result keeps its first activation's cut of every axis whose new
+        length the mesh axes divide, as ``lax.conv_general_dilated`` keeps it: a
+        spatial cut survives a convolution or a resampling, and is dropped where
+        the length no longer divides. Each result equals the unsharded one."""
+        for name, (fn, args, specs, expected) in result_type_cases().items():
+            sharded = [
+                jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs, strict=True)
+            ]
+            got = jax.jit(fn)(*sharded)
+            if jax.typeof(got).sharding.spec != expected:
+                raise SystemExit(f"{name}: result {jax.typeof(got)}, expected the cut {expected}")
+            close(got, unsharded_result(name, fn, args), 1e-5, name)
+            print(f"ok explicit result type, {name}: {jax.typeof(got)}")
+
     def explicit_replicated():
         """Arrays that no type shards, in a jit under the mesh: the kernels run
         there too (JAX 0.11 refused custom_partitioning there)."""
@@ -217,6 +252,8 @@ def main(check: str, implementation: str | None) -> None:
             unsharded_result(name, fn, args)
         unsharded_result("conv_loss", jax.grad(conv_loss, (0, 1)), (x, f))
         unsharded_result("resample_loss", jax.grad(resample_loss, (0,)), (x,))
+        for name, (fn, args, _, _) in result_type_cases().items():
+            unsharded_result(name, fn, args)
         with jax.set_mesh(mesh):
             for axis, cut in ((0, "batch"), (3, "channel")):
                 for name, (fn, args, reduces_batch) in ops.items():
@@ -224,6 +261,7 @@ def main(check: str, implementation: str | None) -> None:
                     found = check_collectives(name, hlo, cut, reduces_batch)
                     print(f"ok explicit {cut:8} {name:18} collectives {found}")
             explicit_mixed_cuts()
+            explicit_result_types()
             explicit_replicated()
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))

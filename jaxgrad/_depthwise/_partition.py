@@ -5,9 +5,10 @@ and the only collective is the filter gradient's sum over a sharded batch (one
 all-reduce of float32 partials, rounded once). Spatial axes are gathered: a
 window reaches across a spatial cut.
 
-Under JAX's explicit sharding the ops lay their arrays out so
-(``explicit_specs``), whichever implementation computes, and the kernels run
-under ``shard_map``. Under automatic sharding a kernel, a ``pallas_call`` opaque
+Under JAX's explicit sharding the ops lay their operands out so
+(``explicit_specs``), whichever implementation computes, and their results keep
+the input's spatial cuts where they divide; the kernels run under
+``shard_map``. Under automatic sharding a kernel, a ``pallas_call`` opaque
 to XLA's partitioner (which would gather a sharded operand onto every device),
 is wrapped in ``custom_partitioning`` instead. ``custom_partitioning`` has no
 batching rule, so ``custom_vmap`` batches the kernels through ``pallas_call``'s
@@ -126,12 +127,24 @@ def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array
     under automatic sharding.
 
     Batch and channels keep the cuts of the first activation's type where they
-    divide the axis; the spatial axes are whole (a window reaches across a
-    spatial cut), and the filter is cut as the channels are. Both
-    implementations compute on arrays so laid out.
+    divide the axis, and the filter is cut as the channels are. The operands'
+    spatial axes are whole (a window reaches across a spatial cut), and both
+    implementations compute on arrays so laid out; an activation result then
+    takes back the first activation's spatial cuts where they divide its own
+    spatial lengths, as ``lax.conv_general_dilated``'s result does.
     """
     typed = _typed_split(conv, operands, args)
-    return None if typed is None else _specs(typed[1], conv, operands + result)
+    if typed is None:
+        return None
+    mesh, split = typed
+    *operand_specs, result_spec = _specs(split, conv, operands + result)
+    if result == "f":
+        return [*operand_specs, result_spec]
+    lead = tuple(jax.typeof(args[_lead(operands)]).sharding.spec) + (None,) * 4
+    spatial = (2, 3) if conv.nchw else (1, 2)
+    parts = [lead[d] if d in spatial else part for d, part in enumerate(result_spec)]
+    shape = conv.input_shape if result == "x" else conv.output_shape
+    return [*operand_specs, P(*_sharding.cuts_that_divide(parts, shape, mesh))]
 
 
 def _per_device(

@@ -265,10 +265,10 @@ def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:
     """The map (or its transpose) on ``x``, from the implementation ``impl`` chooses.
     Under explicit sharding ``x`` and the result are laid out as
-    ``_partition.explicit_spec`` says, whichever implementation computes."""
-    spec = _partition.explicit_spec(axes, transpose, x)
-    if spec is not None:
-        x = _sharding.reshard(x, spec)
+    ``_partition.explicit_specs`` say, whichever implementation computes."""
+    specs = _partition.explicit_specs(axes, transpose, x)
+    if specs is not None:
+        x = _sharding.reshard(x, specs[0])
     result = _implementation.run(
         "resample_grad" if transpose else "resample",
         impl,
@@ -278,7 +278,7 @@ def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(axes, transpose, x.dtype),
     )
-    return result if spec is None else _sharding.reshard(result, spec)
+    return result if specs is None else _sharding.reshard(result, specs[1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))

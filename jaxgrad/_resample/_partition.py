@@ -6,9 +6,10 @@ resampled axes, and any between them, are gathered: a tap reaches across a cut
 there.
 
 Under JAX's explicit sharding the op lays its operand out so
-(``explicit_spec``), whichever implementation computes, and the kernel runs
-under ``shard_map``. Under automatic sharding the kernel, a ``pallas_call``
-opaque to XLA's partitioner, is wrapped in ``custom_partitioning`` instead.
+(``explicit_specs``), whichever implementation computes, and its result keeps
+the operand's cuts where they divide; the kernel runs under ``shard_map``.
+Under automatic sharding the kernel, a ``pallas_call`` opaque to XLA's
+partitioner, is wrapped in ``custom_partitioning`` instead.
 ``custom_partitioning`` has no batching rule, so ``custom_vmap`` batches the
 kernel through ``pallas_call``'s own rule.
 """
@@ -35,13 +36,19 @@ def _spec(axes: tuple[Axis, ...], transpose: bool, sharding: Any) -> PartitionSp
     return PartitionSpec(*entries)  # type: ignore[no-untyped-call]
 
 
-def explicit_spec(axes: tuple[Axis, ...], transpose: bool, x: jax.Array) -> Any:
-    """Under JAX's explicit sharding, the sharding that the operand and the
-    result take: ``x``'s type with the resampled axes whole. ``None`` under
-    automatic sharding."""
-    if _sharding.explicit_mesh((x,)) is None:
+def explicit_specs(axes: tuple[Axis, ...], transpose: bool, x: jax.Array) -> Any:
+    """Under JAX's explicit sharding, the shardings that the operand and the
+    result take: ``x``'s type with the resampled axes whole, then, for the
+    result, ``x``'s cuts wherever they divide the result's lengths. ``None``
+    under automatic sharding."""
+    mesh = _sharding.explicit_mesh((x,))
+    if mesh is None:
         return None
-    return _spec(axes, transpose, jax.typeof(x).sharding)
+    typed = jax.typeof(x).sharding
+    lengths = [axis.n_in if transpose else axis.n_out for axis in axes]
+    parts = tuple(typed.spec) + (None,) * (len(axes) - len(typed.spec))
+    result = PartitionSpec(*_sharding.cuts_that_divide(parts, lengths, mesh))  # type: ignore[no-untyped-call]
+    return _spec(axes, transpose, typed), result
 
 
 def _rule(axes: tuple[Axis, ...], transpose: bool, tables: int) -> tuple[str, dict[str, Any]]:
