@@ -61,12 +61,12 @@ TRITON_CALL = "__gpu$xla.gpu.triton"
 def lowered_text(fn, *args, platform):
     """The StableHLO text of ``jax.jit(fn)`` for ``args``, lowered for ``platform``
     whether or not this process has that platform."""
-    stand_in = _gpu_stand_in() if platform == "cuda" else contextlib.nullcontext()
+    stand_in = gpu_stand_in() if platform == "cuda" else contextlib.nullcontext()
     with stand_in:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
-def _gpu_stand_in():
+def gpu_stand_in():
     """Lets a process without a GPU lower Pallas' Triton kernels, for an H100.
 
     From JAX 0.11 the Triton lowering asks the local GPU for its compute

@@ -6,7 +6,7 @@ import logging
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import TRITON_CALL, lowered_text
+from helpers import TRITON_CALL, gpu_stand_in, lowered_text
 
 import jaxgrad
 from jaxgrad import _implementation
@@ -111,3 +111,24 @@ def test_one_jitted_step_lowers_for_every_backend(patch):
     for platform in ("cpu", "tpu", "rocm", "cuda"):
         kernels = lowered_text(step, x, f, platform=platform).count(TRITON_CALL)
         assert (kernels > 0) == (platform == "cuda"), (platform, kernels)
+
+
+def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
+    # docs/export.md: where the process has a CUDA GPU (given one here), a program
+    # exported for CUDA holds the Triton kernels, which jax.export refuses to
+    # serialize unless their custom call's check is disabled. (The page's doctest
+    # exports from this CPU process, for several platforms.)
+    patch(_implementation, "_has_cuda", lambda: True)
+    x, f = jnp.ones((2, 8, 8, 4), jnp.float32), jnp.ones((3, 3, 4, 1), jnp.float32)
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME")
+        return (jaxgrad.resample(y, (1, 2, 2, 1), mode="linear") ** 2).sum()
+
+    step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    triton = jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)
+    with gpu_stand_in():
+        with pytest.raises(ValueError, match="no compatibility guarantees"):
+            jax.export.export(step, platforms=("cuda",))(x, f)
+        exported = jax.export.export(step, platforms=("cuda",), disabled_checks=[triton])(x, f)
+    assert exported.mlir_module().count(TRITON_CALL) > 0
