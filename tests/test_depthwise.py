@@ -352,6 +352,26 @@ def test_an_empty_input_reads_only_padding(data_format, m):
     np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
 
 
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+@pytest.mark.parametrize("kernel", [3, 7])  # 7x7: "xla" sums the filter gradient by rows
+def test_a_batch_of_zero_images(implementation, kernel):
+    # No images: empty results, and a filter gradient of zeros (an empty sum), in
+    # the ops and through jax.grad.
+    cfg = make_cfg((0, 6, 5, 3), (kernel, kernel, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
+    x, f, dy = random_operands(cfg, 6)
+    y, dx, df = run_all_three(cfg, "NHWC", x, f, dy, implementation=implementation)
+    assert y.shape == (0, 6, 5, 6) and dx.shape == (0, 6, 5, 3)
+    np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation=implementation)
+        return (y**2).sum()
+
+    gx, gf = jax.grad(loss, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(f))
+    assert gx.shape == x.shape
+    np.testing.assert_array_equal(gf, np.zeros(cfg["f_shape"]))
+
+
 def test_same_puts_the_odd_pixel_after():
     # n = 4, k = 2, s = 1: need = 1, so before = 0 and after = 1 (bottom/right).
     x = jnp.arange(16.0).reshape(1, 4, 4, 1)

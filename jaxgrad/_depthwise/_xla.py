@@ -440,13 +440,16 @@ def _tree_sum(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     ``_FAN_IN`` slices, the last axis first; then the first axis (the batch, the
     one a sharded program splits) in one level, so that each device sums its own
     shard before only the small remainders move between devices."""
+    shape = [n for a, n in enumerate(partials.shape) if a not in axes]
+    if partials.size == 0:  # a sum of no terms (a batch of no images, say)
+        return jnp.zeros(shape, partials.dtype)
     batch, *rest = sorted(axes)
     total = partials
     for axis in reversed(rest):
         while total.shape[axis] > 1:
             total = _sum_level(total, axis, _FAN_IN)
     total = _sum_level(total, batch, total.shape[batch])
-    return total.reshape([n for a, n in enumerate(total.shape) if a not in axes])
+    return total.reshape(shape)
 
 
 def _sum_level(total: jax.Array, axis: int, fan_in: int) -> jax.Array:
