@@ -2,6 +2,7 @@
 
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
+                                       [--reuse-rows]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -15,6 +16,13 @@ otherwise find out late: that every kernel compiles, spills nothing, reads memor
 in wide, coalesced loads, and has programs enough to keep the GPU busy (a last
 wave far from full leaves multiprocessors idle). Times still need a GPU
 (benchmarks/gpu.py).
+
+The loads are counted in the program's text: a load in a loop counts once,
+however often the loop runs. ``--reuse-rows`` compiles the depthwise kernels with
+the launch option that keeps the input rows consecutive rows share in registers
+(``reuse_rows``): their loop then reads fewer windows a row, and the windows the
+first row shares are read once before the loop, so the count barely moves while
+the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three).
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -35,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from unittest import mock
 
 import jax
@@ -42,6 +51,7 @@ import jax.numpy as jnp
 
 import jaxgrad
 from jaxgrad import _implementation
+from jaxgrad._depthwise import _pallas as depthwise_kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -256,6 +266,11 @@ def main() -> None:
         action="store_true",
         help="the example U-Net training step's kernels, and their lowering and compile times",
     )
+    parser.add_argument(
+        "--reuse-rows",
+        action="store_true",
+        help="the depthwise kernels keep the input rows consecutive rows share in registers",
+    )
     args = parser.parse_args()
     try:
         import triton
@@ -273,7 +288,14 @@ def main() -> None:
         steps += [(case, resample_step(*c)) for case, c in RESAMPLE_CASES.items()]
     lowering = compiling = 0.0
     kernels = 0
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as patches:
+        if args.reuse_rows:
+            chosen = depthwise_kernels._launch
+
+            def reusing(*args: Any, **kwargs: Any) -> Any:
+                return dataclasses.replace(chosen(*args, **kwargs), reuse_rows=True)
+
+            patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", reusing))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))

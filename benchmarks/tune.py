@@ -8,19 +8,22 @@ rows one program owns, and the warps that run it (``_launch`` in
 ``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For each
 case of benchmarks/gpu.py and each op, starting from the launch jaxgrad picks
 today, this times the neighbours of the best launch so far in one group of
-parameters at a time: the tile (each side halved, kept or doubled) together with
-the warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
+parameters at a time: for the depthwise kernels, first whether a program keeps the
+input rows that consecutive rows share in registers (``reuse_rows``: fewer loads,
+more registers); the tile (each side halved, kept or doubled) together with the
+warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
 its registers; then the rows (a quarter to four times). A coordinate search: about
-30 compiles per op instead of every combination's 135. Every case of both
-families is well over two thousand compiles, so pick cases with ``--cases`` and
-``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``).
+30 compiles per op instead of every combination's 135 (270 with the rows kept or
+not). Every case of both families is well over two thousand compiles, so pick
+cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops
+backprop_filter``).
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter
 gradient's partials are summed per block of rows, so its rounding may move with
-the rows: a candidate must agree to one rounding of the output dtype per element
-plus a few float32 roundings of the largest value, or it is listed as
-disagreeing and never chosen.
+the rows and with whether they are kept: a candidate must agree to one rounding
+of the output dtype per element plus a few float32 roundings of the largest
+value, or it is listed as disagreeing and never chosen.
 
 A launch that fails to compile or run (a tile beyond the GPU's shared memory,
 say) is listed with its error and never chosen; the search goes on.
@@ -55,9 +58,11 @@ from jaxgrad._depthwise import _pallas as depthwise_kernels
 from jaxgrad._resample import _pallas as resample_kernels
 
 FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
-# The launch's parameters, searched in this order: the tile and the warps together
-# (their ratio is the elements each thread holds, hence its registers), then the rows.
-GROUPS = ("tile and warps", "rows")
+# The launch's parameters, searched in this order: whether the depthwise kernels keep
+# the input rows that consecutive rows share in registers (fewer loads, more
+# registers); the tile and the warps together (their ratio is the elements each
+# thread holds, hence its registers); then the rows.
+GROUPS = ("rows kept", "tile and warps", "rows")
 WARPS = (2, 4, 8)
 
 
@@ -82,12 +87,16 @@ def launches(module: Any, fields: dict[str, int] | None = None) -> Iterator[list
 
 
 def fields_of(launch: Any) -> dict[str, int]:
-    return {name: getattr(launch, name) for name in ("cols", "channels", "rows", "warps")}
+    names = ("cols", "channels", "rows", "warps", "reuse_rows")
+    return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
 
 def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
-    """Launches that differ from ``best`` in one group of parameters (and ``best``)."""
-    if group == "tile and warps":
+    """Launches that differ from ``best`` in one group of parameters (and ``best``);
+    only ``best`` where its kernels have no such parameter."""
+    if group == "rows kept":
+        options = [{"reuse_rows": r} for r in (False, True)] if "reuse_rows" in best else [{}]
+    elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
             {"cols": int(best["cols"] * a), "channels": int(best["channels"] * b), "warps": w}
@@ -106,7 +115,8 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
 
 def label(fields: dict[str, int]) -> str:
     tile = f"{fields['cols']}x{fields['channels']}"
-    return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}"
+    kept = ", rows kept" if fields.get("reuse_rows") else ""
+    return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}"
 
 
 # --------------------------------------------------------------------------------------
@@ -224,7 +234,7 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
     for group in GROUPS:
         options = neighbours(best, group)
         if smoke:  # the current launch and one other: the code path, not the answer
-            options = [best, next(o for o in options if o != best)]
+            options = [best, *[o for o in options if o != best][:1]]
         for fields in options:
             if label(fields) not in tried:
                 tried[label(fields)] = candidate(module, fn, args, fields, want, dtype)

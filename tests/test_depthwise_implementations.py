@@ -2,6 +2,9 @@
 kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
 kernels' lowering for CUDA GPUs, checked here without one."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,6 +231,56 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
     got = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("strides", "dilations", "padding"),
+    [
+        ((1, 1), (1, 1), "SAME"),  # the next row shares two filter rows' windows
+        ((2, 1), (1, 1), "VALID"),  # one
+        ((2, 2), (2, 1), "SAME"),  # one, two input rows apart
+        ((1, 2), (2, 1), "VALID"),  # none: dilated rows at stride 1
+        ((3, 1), (1, 1), "VALID"),  # none: the stride passes the filter
+    ],
+)
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_rows_kept_in_registers_change_no_bits(
+    strides, dilations, padding, data_format, monkeypatch
+):
+    # A launch may keep the input rows that consecutive rows share in registers
+    # rather than read them again. The forward and the input gradient sum the same
+    # products in the same order, so they give the same bits either way; the filter
+    # gradient's partials then sum a program's column tiles one after another, each
+    # down all of its rows: another fixed order. An infinite input in the last row
+    # reaches exactly the results whose sums read it: none where no output reads
+    # that row, and an infinity, not a NaN, where the last output row does (the
+    # rows past it, in the last block of rows, must not meet it again with a zero).
+    monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)  # many rows a program
+    cfg = make_cfg((2, 14, 6, 3), (3, 2, 3, 2), strides, dilations, padding)
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
+    x64[0, 13, 2, 1] = np.inf
+    x = x.at[(0, 13, 2, 1) if data_format == "NHWC" else (0, 1, 13, 2)].set(jnp.inf)
+    chosen, given = _pallas._launch, []
+
+    def launch(*args, reuse_rows):
+        given.append(dataclasses.replace(chosen(*args), reuse_rows=reuse_rows))
+        return given[-1]
+
+    got = {}
+    for reuse_rows in (False, True):
+        jax.clear_caches()  # no kernel traced under the other launch is reused
+        monkeypatch.setattr(_pallas, "_launch", functools.partial(launch, reuse_rows=reuse_rows))
+        got[reuse_rows] = run_ops(
+            three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy
+        )
+    assert {launch.reuse_rows for launch in given} == {False, True}
+    assert all(launch.rows > 1 for launch in given)
+    for name in ("forward", "backprop_input"):
+        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
+    for name, want in references(cfg, x64, f64, dy64).items():
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got[True][name][~finite], want[~finite], err_msg=name)
+        assert relative_error(got[True][name][finite], want[finite]) < 1e-6, name
 
 
 @pytest.mark.parametrize(

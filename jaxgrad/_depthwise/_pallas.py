@@ -10,6 +10,13 @@ owns a block of rows, and its float32 sums (float64 for float64) run over the
 filter taps in one fixed order, so every result is the same bits on every run:
 no atomics, and no reduction left for a compiler to retile.
 
+Consecutive rows of a block share input rows (at stride 1, a 3x3 filter's next
+row reads two of the same three). A launch may keep those in registers rather
+than read them again (``_Launch.reuse_rows``): the forward and the input gradient
+then sum the same products in the same order, and the filter gradient's partials
+sum a program's column tiles one after another, each down all of its rows:
+another fixed order.
+
 - forward: a program writes a block of output rows; each output tile is the sum
   over the taps of the input tile the tap reads times the tap.
 - input gradient: a program writes a block of input rows; each input pixel sums,
@@ -47,6 +54,13 @@ class _Launch:
     rows: int  # rows per program
     interpret: bool
     warps: int = 4
+    # Whether a program keeps the input rows that consecutive rows share in
+    # registers (a 3x3 filter at stride 1 then reads one new row of windows per
+    # row, not three) rather than read them again from the cache. Off unless a
+    # launch asks: the kept rows cost registers, so fewer programs fit on a
+    # multiprocessor at once, and whether fewer loads pay for that is measured on
+    # a GPU (benchmarks/tune.py).
+    reuse_rows: bool = False
 
     def call(
         self,
@@ -240,6 +254,11 @@ class _Taps:
         if fh * fw * len(lanes) <= _TAPS_PER_PROGRAM:
             self._loaded = [[self._load(t, i) for i in range(len(lanes))] for t in range(fh * fw)]
 
+    @property
+    def unrolled(self) -> bool:
+        """Whether the taps are loaded once and the filter rows unrolled."""
+        return self._loaded is not None
+
     def __call__(self, t: Any, i: int) -> jax.Array:
         """Tap ``t`` (flat index ``di * fw + dj``) for the output channels ``lanes[i]``."""
         if self._loaded is None:
@@ -254,12 +273,58 @@ class _Taps:
     def sum_over_filter_rows(
         self, body: Callable[[Any, jax.Array], jax.Array], total: jax.Array
     ) -> jax.Array:
-        """``total = body(di, total)`` for the filter rows ``di`` in order."""
-        if self._loaded is None:
-            return lax.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
-        for di in range(self._rows):
-            total = body(di, total)
-        return total
+        """``total = body(di, total)`` for the filter rows ``di`` in order, in a
+        loop (the taps are loaded where they are used, not unrolled)."""
+        return lax.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
+
+
+def _row_loop(
+    rows: Any,
+    reads: list[Callable[[Any], Any]],
+    reused: list[int | None],
+    body: Callable[[Any, Callable[[int], Any], Any], Any],
+    carry: Any,
+) -> Any:
+    """``carry = body(r, item, carry)`` for ``r`` in ``range(rows)``, where
+    ``item(k)`` is item ``k`` of row ``r``: ``reads[k](r)`` (a tile, or a list of
+    them), read where ``body`` first asks for it, so that a loop without reuse
+    holds a tile only from its read to its use; or, where ``reused[k]`` is not
+    None, item ``reused[k]`` of row ``r - 1``, kept in registers rather than read
+    again. Before the loop, the kept items are read as row 0 uses them."""
+    kept = sorted({j for j in reused if j is not None})
+    before_first = {j: reads[k](0) for k, j in enumerate(reused) if j is not None}
+
+    def step(r: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+        previous, carry = state
+        read: dict[int, Any] = {}
+
+        def item(k: int) -> Any:
+            j = reused[k]
+            if j is not None:
+                return previous[kept.index(j)]
+            if k not in read:
+                read[k] = reads[k](r)
+            return read[k]
+
+        carry = body(r, item, carry)
+        return [item(j) for j in kept], carry
+
+    _, carry = lax.fori_loop(0, rows, step, ([before_first[j] for j in kept], carry))
+    return carry
+
+
+def _shared_taps(launch: _Launch, filter_rows: int, fw: int, shift: int | None) -> list[int | None]:
+    """For each tap ``di * fw + dj`` of ``filter_rows`` rows of the filter, at the
+    next row, the tap that reads the same input at this row, ``(di + shift) * fw +
+    dj``, where ``launch`` keeps shared rows in registers; None where it reads its
+    own."""
+    if shift is None or not launch.reuse_rows:
+        return [None] * (filter_rows * fw)
+    return [
+        (di + shift) * fw + dj if 0 <= di + shift < filter_rows else None
+        for di in range(filter_rows)
+        for dj in range(fw)
+    ]
 
 
 def _input_lanes(conv: Conv, launch: _Launch) -> jax.Array:
@@ -314,29 +379,54 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     in_chans = _input_lanes(conv, launch)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    fw = conv.kernel[1]
+    fh, fw = conv.kernel
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
+    zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
+    def window(i: Any, di: Any, dj: int) -> jax.Array:
+        """The input tile tap ``(di, dj)`` reads for output row ``i``, on the
+        output's lanes."""
+        tile = _read(
+            x_ref,
+            conv,
+            launch,
+            n,
+            i * sh - top + di * dh,
+            out_cols * sw - left + dj * dw,
+            in_chans,
+            dtype,
+        )
+        return _on_output_lanes(tile, conv)
+
+    if taps.unrolled:
+        # Output row i + 1's filter row di reads the input row that filter row
+        # di + sh / dh reads for row i.
+        shift = sh // dh if sh % dh == 0 else None
+
+        def read(t: int) -> Callable[[Any], jax.Array]:
+            return lambda r: window(first + r, *divmod(t, fw))
+
+        def sum_row(r: Any, item: Callable[[int], jax.Array], carry: None) -> None:
+            total = zeros
+            for t in range(fh * fw):
+                total = total + item(t) * taps(t, 0)[None, :]
+            _write(y_ref, conv, launch, n, first + r, out_cols, out_chans, total)
+            return carry
+
+        reads = [read(t) for t in range(fh * fw)]
+        _row_loop(launch.rows, reads, _shared_taps(launch, fh, fw, shift), sum_row, None)
+        return
+
+    # More taps than registers hold: the taps are loaded where they are used, in a
+    # loop over the filter rows.
     def row(r: Any, carry: None) -> None:
         i = first + r
 
         def filter_row(di: Any, total: jax.Array) -> jax.Array:
             for dj in range(fw):
-                window = _read(
-                    x_ref,
-                    conv,
-                    launch,
-                    n,
-                    i * sh - top + di * dh,
-                    out_cols * sw - left + dj * dw,
-                    in_chans,
-                    dtype,
-                )
-                window = _on_output_lanes(window, conv)
-                total = total + window * taps(di * fw + dj, 0)[None, :]
+                total = total + window(i, di, dj) * taps(di * fw + dj, 0)[None, :]
             return total
 
-        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
         total = taps.sum_over_filter_rows(filter_row, zeros)
         _write(y_ref, conv, launch, n, i, out_cols, out_chans, total)
         return carry
@@ -396,28 +486,62 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
         out_lanes = [chans * m + q for q in range(m)]
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    fw = conv.kernel[1]
+    fh, fw = conv.kernel
     taps = _Taps(f_ref, launch, conv, out_lanes, dtype)
+    zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
+    def gradients(p: Any, di: Any, dj: int) -> list[jax.Array]:
+        """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p``, one
+        per list of output lanes. Rows and columns no output reads through the tap
+        are masked."""
+        i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
+        j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
+        reached = row_reached & col_reached
+        return [
+            _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached)
+            for lanes in out_lanes
+        ]
+
+    def add_tap(t: Any, tiles: list[jax.Array], total: jax.Array) -> jax.Array:
+        for q, grad in enumerate(tiles):
+            total = total + grad * taps(t, q)[None, :]
+        return total
+
+    def write(p: Any, total: jax.Array) -> None:
+        if repeats:
+            total = _sum_lane_groups(total, m)
+        _write(dx_ref, conv, launch, n, p, cols, chans, total)
+
+    if taps.unrolled:
+        # Input row p + 1's filter row di reads the output-gradient row that filter
+        # row di - 1 reads for row p, when the filter is not dilated.
+        shift = -1 if dh == 1 else None
+
+        def read(t: int) -> Callable[[Any], list[jax.Array]]:
+            return lambda r: gradients(first + r, *divmod(t, fw))
+
+        def sum_row(r: Any, item: Callable[[int], list[jax.Array]], carry: None) -> None:
+            total = zeros
+            for t in range(fh * fw):
+                total = add_tap(t, item(t), total)
+            write(first + r, total)
+            return carry
+
+        reads = [read(t) for t in range(fh * fw)]
+        _row_loop(launch.rows, reads, _shared_taps(launch, fh, fw, shift), sum_row, None)
+        return
+
+    # More taps than registers hold: the taps are loaded where they are used, in a
+    # loop over the filter rows.
     def row(r: Any, carry: None) -> None:
         p = first + r
 
         def filter_row(di: Any, total: jax.Array) -> jax.Array:
-            i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
             for dj in range(fw):
-                # Rows and columns no output reads through this tap are masked.
-                j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
-                reached = row_reached & col_reached
-                for q, lanes in enumerate(out_lanes):
-                    grad = _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached)
-                    total = total + grad * taps(di * fw + dj, q)[None, :]
+                total = add_tap(di * fw + dj, gradients(p, di, dj), total)
             return total
 
-        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
-        total = taps.sum_over_filter_rows(filter_row, zeros)
-        if repeats:
-            total = _sum_lane_groups(total, m)
-        _write(dx_ref, conv, launch, n, p, cols, chans, total)
+        write(p, taps.sum_over_filter_rows(filter_row, zeros))
         return carry
 
     lax.fori_loop(0, launch.rows, row, None)
@@ -465,40 +589,72 @@ def _partials_kernel(
     top, left = conv.pads[0][0], conv.pads[1][0]
     fw = conv.kernel[1]
     col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
+    # Output row i + 1's filter row di reads the input row that filter row
+    # di + sh / dh reads for row i.
+    shift = sh // dh if sh % dh == 0 else None
 
     def group_partials(start: int, stop: int) -> None:
-        def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            i = first + r
-            row_inside = i < conv.out_size[0]
+        def reads(c: Any) -> list[Callable[[Any], jax.Array]]:
+            """What a row reads in column tile ``c``, by row: item 0 the output
+            gradient's tile, item 1 + k the window of the group's tap start + k."""
+            cols = _kernels.lanes(c, launch.cols)
+            cols_inside = cols < conv.out_size[1]
 
-            def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-                cols = _kernels.lanes(c, launch.cols)
-                cols_inside = cols < conv.out_size[1]
-                grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
-                new = []
-                for t, total in zip(range(start, stop), sums, strict=True):
-                    di, dj = divmod(t, fw)
+            def read_window(t: int) -> Callable[[Any], jax.Array]:
+                di, dj = divmod(t, fw)
+
+                def read_row(r: Any) -> jax.Array:
                     # Past the last output row or column the window is masked: an
                     # infinite input there must not meet dy's zero.
+                    row_inside = first + r < conv.out_size[0]
                     window = _read(
                         x_ref,
                         conv,
                         launch,
                         n,
-                        i * sh - top + di * dh,
+                        (first + r) * sh - top + di * dh,
                         cols * sw - left + dj * dw,
                         in_chans,
                         dtype,
                         wanted=row_inside & cols_inside,
                     )
-                    window = _on_output_lanes(window, conv)
-                    new.append(total + window * grad)
-                return tuple(new)
+                    return _on_output_lanes(window, conv)
+
+                return read_row
+
+            def read_gradient(r: Any) -> jax.Array:
+                return _read(dy_ref, conv, launch, n, first + r, cols, out_chans, dtype)
+
+            return [read_gradient, *(read_window(t) for t in range(start, stop))]
+
+        def add_row(
+            r: Any, item: Callable[[int], jax.Array], sums: tuple[jax.Array, ...]
+        ) -> tuple[jax.Array, ...]:
+            grad = item(0)
+            return tuple(total + item(1 + k) * grad for k, total in enumerate(sums))
+
+        def rows_of_col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            # The rows stop at the last output row: a window kept from the row
+            # before is not masked again.
+            rows = jnp.minimum(launch.rows, conv.out_size[0] - first)
+            shared = _shared_taps(launch, (stop - start) // fw, fw, shift)
+            reused = [None, *(None if k is None else 1 + k for k in shared)]
+            return _row_loop(rows, reads(c), reused, add_row, sums)  # type: ignore[no-any-return]
+
+        def col_tiles_of_row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+                tile_reads = reads(c)
+                return add_row(r, lambda k: tile_reads[k](r), sums)
 
             return lax.fori_loop(0, col_tiles, col_tile, sums)  # type: ignore[no-any-return]
 
-        zeros = jnp.zeros((launch.cols, launch.channels), dtype)
-        sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (stop - start))
+        zeros = (jnp.zeros((launch.cols, launch.channels), dtype),) * (stop - start)
+        if launch.reuse_rows:
+            # Rows kept in registers are shared down a column tile, so the loop
+            # over a tile's rows runs inside the loop over the tiles.
+            sums = lax.fori_loop(0, col_tiles, rows_of_col_tile, zeros)
+        else:
+            sums = lax.fori_loop(0, launch.rows, col_tiles_of_row, zeros)
         size = part_ref.shape[2]
         lanes = launch.index(out_chans, size, store=True)
         for t, total in zip(range(start, stop), sums, strict=True):
