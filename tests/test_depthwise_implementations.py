@@ -234,18 +234,22 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("strides", "dilations", "padding"),
+    ("kernel", "strides", "dilations", "padding"),
     [
-        ((1, 1), (1, 1), "SAME"),  # the next row shares two filter rows' windows
-        ((2, 1), (1, 1), "VALID"),  # one
-        ((2, 2), (2, 1), "SAME"),  # one, two input rows apart
-        ((1, 2), (2, 1), "VALID"),  # none: dilated rows at stride 1
-        ((3, 1), (1, 1), "VALID"),  # none: the stride passes the filter
+        ((3, 2), (1, 1), (1, 1), "SAME"),  # the next row shares two filter rows' windows
+        ((3, 2), (2, 1), (1, 1), "VALID"),  # one
+        ((3, 2), (2, 2), (2, 1), "SAME"),  # one, two input rows apart
+        ((3, 2), (1, 2), (2, 1), "VALID"),  # none: dilated rows at stride 1
+        ((3, 2), (3, 1), (1, 1), "VALID"),  # none: the stride passes the filter
+        # More taps than a program sums at once: the filter gradient's groups of
+        # filter rows share rows within a group (the forward and the input gradient
+        # loop over the filter rows instead, and keep none).
+        ((5, 4), (1, 1), (1, 1), "SAME"),
     ],
 )
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
 def test_rows_kept_in_registers_change_no_bits(
-    strides, dilations, padding, data_format, monkeypatch
+    kernel, strides, dilations, padding, data_format, monkeypatch
 ):
     # A launch may keep the input rows that consecutive rows share in registers
     # rather than read them again. The forward and the input gradient sum the same
@@ -256,7 +260,7 @@ def test_rows_kept_in_registers_change_no_bits(
     # that row, and an infinity, not a NaN, where the last output row does (the
     # rows past it, in the last block of rows, must not meet it again with a zero).
     monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)  # many rows a program
-    cfg = make_cfg((2, 14, 6, 3), (3, 2, 3, 2), strides, dilations, padding)
+    cfg = make_cfg((2, 14, 6, 3), (*kernel, 3, 2), strides, dilations, padding)
     (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
     x64[0, 13, 2, 1] = np.inf
     x = x.at[(0, 13, 2, 1) if data_format == "NHWC" else (0, 1, 13, 2)].set(jnp.inf)
