@@ -1,7 +1,7 @@
 """What XLA:GPU compiles jaxgrad's programs into for an H100, on a machine without one.
 
     pip install "jax-cuda13-plugin[with-cuda]==<the installed jaxlib's version>"
-    python benchmarks/xla_gpu_report.py [--sections depthwise resample train]
+    python benchmarks/xla_gpu_report.py [--sections depthwise resample scales train]
                                         [--json report.json]
 
 JAX compiles for compile-only devices that an XLA GPU target configuration
@@ -15,9 +15,11 @@ Triton kernels, library calls such as cuDNN's) and the bytes they move by a
 simple count: each kernel reads its operands and writes its results once, from
 and to memory. That count over the bytes the op itself must read and write is
 how far a program is from the copy roofline before any kernel runs slowly; 1.00
-is a program that touches each byte once. ``--sections train`` compares the
-example U-Net's training step (batch 64 of 128x128) with jaxgrad's ops and with
-stock ones.
+is a program that touches each byte once. ``--sections scales`` lists the
+float32 linear resample gradient at more scales (which of them XLA compiles
+into one pass decides where the default takes the kernel), and ``--sections
+train`` compares the example U-Net's training step (batch 64 of 128x128) with
+jaxgrad's ops and with stock ones.
 
 What it cannot show: times, and the autotuner's choices (a compile-only device
 is not autotuned: XLA:GPU takes its default tilings and cuDNN algorithm). A
@@ -78,7 +80,17 @@ dnn_version_info { major: 9 minor: 10 patch: 0 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
-SECTIONS = ("depthwise", "resample", "train")
+SECTIONS = ("depthwise", "resample", "scales", "train")
+# The float32 linear gradients of the "scales" section: the scales of NCHW
+# [32,64,256,256]'s two spatial axes, then of the NCDHW volume's three. Which of
+# them XLA compiles into one pass decides the default implementation.
+GRADIENT_SCALES = [
+    *[(s, s) for s in (2.0, 3.0, 4.0, 0.5, 1 / 3, 0.25, 1.25, 1.5, 1.7, 0.7)],
+    *[(2.0, 0.5), (1 / 3, 2.0), (3.0, 2.0), (2.0, 1.7), (1.7, 1.0)],
+    (2.0, 2.0, 2.0),
+    (0.5, 0.5, 0.5),
+    (1.7, 1.7, 1.7),
+]
 ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
 ITEM_BYTES |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 ARRAY = re.compile(r"\b(pred|bf16|[fsu]\d+)\[([\d,]*)\]")
@@ -228,6 +240,28 @@ def resample_rows(device: Any) -> Iterator[dict]:
                 }
 
 
+def scale_rows(device: Any) -> Iterator[dict]:
+    """The float32 linear gradient at each of ``GRADIENT_SCALES``: jaxgrad's default
+    (the kernel unless XLA's program is one pass) and "xla"."""
+    on = jax.sharding.SingleDeviceSharding(device)
+    for spatial in GRADIENT_SCALES:
+        volume = len(spatial) == 3
+        layout, shape = gpu.RESAMPLE_VOLUME[:2] if volume else ("NCHW", (32, 64, 256, 256))
+        scales = (1.0, 1.0, *spatial)
+        out = tuple(int(np.floor(n * s)) for n, s in zip(shape, scales, strict=True))
+        x = jax.ShapeDtypeStruct(shape, "float32", sharding=on)
+        dy = jax.ShapeDtypeStruct(out, "float32", sharding=on)
+        row: dict[str, Any] = {
+            "case": f"{layout} linear " + " by ".join(f"{s:.3g}x" for s in spatial),
+            "op": "backward",
+            "least": gpu.nbytes(x, dy),
+        }
+        for name, impl in (("default", None), ("xla", "xla")):
+            backward = gpu.jaxgrad_resample(shape, scales, "linear", impl)["backward"]
+            row[name] = summary(launches(compiled(backward, dy)))
+        yield row
+
+
 def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
     """The example U-Net's training step, with jaxgrad's ops and with stock ones."""
     sys.path.insert(0, str(gpu.ROOT / "examples"))
@@ -265,20 +299,31 @@ def cell(entry: dict | None, least: int | None) -> str:
     return f"{kinds}; {moved}" + (f" ({entry['bytes'] / least:.2f}x)" if least else "")
 
 
-def render(rows: list[dict], peer: str) -> str:
-    lines = [
-        f"| case | op | least MB | jaxgrad default | jaxgrad xla | {peer} |",
-        "|---|---|---|---|---|---|",
-    ]
+def render(rows: list[dict], peer: str | None) -> str:
+    """A markdown table of ``rows``, with a column for the peer if there is one."""
+    columns = ["case", "op", "least MB", "jaxgrad default", "jaxgrad xla"]
+    impls = ["default", "xla"] + (["peer"] if peer else [])
+    columns += [peer] if peer else []
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         least = f"{r['least'] / 1e6:.0f}" if r["least"] else ""
-        cells = (cell(r.get(impl), r["least"]) for impl in ("default", "xla", "peer"))
+        cells = (cell(r.get(impl), r["least"]) for impl in impls)
         lines.append(f"| {r['case']} | {r['op']} | {least} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-PEERS = {"depthwise": "lax (cuDNN)", "resample": "jax.image.resize", "train": "stock ops"}
-ROWS = {"depthwise": depthwise_rows, "resample": resample_rows, "train": train_rows}
+PEERS = {
+    "depthwise": "lax (cuDNN)",
+    "resample": "jax.image.resize",
+    "scales": None,
+    "train": "stock ops",
+}
+ROWS = {
+    "depthwise": depthwise_rows,
+    "resample": resample_rows,
+    "scales": scale_rows,
+    "train": train_rows,
+}
 
 
 def main() -> None:

@@ -211,15 +211,20 @@ def test_kernel_with_identity_and_empty_axes():
 # ----------------------------------------------------------------------------------
 
 
-def lowered(implementation, platform, *, mode="linear", dtype=jnp.float32, grad=False):
-    """The program of resample (or resample_grad) at 2x, lowered for ``platform``."""
+def lowered(
+    implementation, platform, *, mode="linear", dtype=jnp.float32, grad=False, scales=(1, 1, 2, 2)
+):
+    """The program of resample (or resample_grad) of a [2, 4, 8, 8] array (2x by
+    default), lowered for ``platform``."""
     kw = dict(mode=mode, implementation=implementation)
+    shape = (2, 4, 8, 8)
     if grad:
-        fn = lambda dy: jaxgrad.resample_grad(dy, (2, 4, 8, 8), (1, 1, 2, 2), **kw)  # noqa: E731
-        arg = jax.ShapeDtypeStruct((2, 4, 16, 16), dtype)
+        fn = lambda dy: jaxgrad.resample_grad(dy, shape, scales, **kw)  # noqa: E731
+        out = tuple(int(n * s) for n, s in zip(shape, scales, strict=True))
+        arg = jax.ShapeDtypeStruct(out, dtype)
     else:
-        fn = lambda x: jaxgrad.resample(x, (1, 1, 2, 2), **kw)  # noqa: E731
-        arg = jax.ShapeDtypeStruct((2, 4, 8, 8), dtype)
+        fn = lambda x: jaxgrad.resample(x, scales, **kw)  # noqa: E731
+        arg = jax.ShapeDtypeStruct(shape, dtype)
     return lowered_text(fn, arg, platform=platform)
 
 
@@ -234,10 +239,15 @@ def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     assert TRITON_CALL in lowered(None, "cuda")
     assert TRITON_CALL in lowered(None, "cuda", dtype=jnp.bfloat16, grad=True)
     assert TRITON_CALL not in lowered(None, "cpu")
-    # Nearest neighbour, float32 linear gradients and float64: XLA's program.
+    # Nearest neighbour, float64, and the float32 linear gradients XLA compiles into
+    # one pass: XLA's program.
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
-    assert TRITON_CALL not in lowered(None, "cuda", grad=True)
     assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
+    for scales in [(1, 1, 2, 2), (1, 1, 0.5, 2), (1, 1, 0.25, 0.5), (1, 1, 1.5, 1), (1, 1.5, 1, 1)]:
+        assert TRITON_CALL not in lowered(None, "cuda", grad=True, scales=scales), scales
+    # Float32 linear gradients that XLA splits into a pass per axis: the kernel.
+    for scales in [(1, 1, 1.5, 1.5), (1, 1, 3, 2), (1, 1, 2, 1.5), (1, 2, 2, 2)]:
+        assert TRITON_CALL in lowered(None, "cuda", grad=True, scales=scales), scales
 
 
 def test_default_falls_back_without_pallas(patch):

@@ -92,8 +92,9 @@ def resample(
       implementation: which arithmetic computes the op, as in
         ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
         a Pallas kernel on CUDA GPUs for linear interpolation in float16,
-        bfloat16 and float32 (float32 gradients excepted), and the jnp/lax
-        composition everywhere else; ``"xla"``
+        bfloat16 and float32 (float32 gradients only where XLA's own program
+        takes more than one pass: three resampled axes, or two not each scaled
+        by 2 or 1/k), and the jnp/lax composition everywhere else; ``"xla"``
         is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
         tests). All give the same results up to float rounding (nearest
@@ -196,8 +197,9 @@ def resample_grad(
       implementation: which arithmetic computes the op, as in
         ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
         a Pallas kernel on CUDA GPUs for linear interpolation in float16,
-        bfloat16 and float32 (float32 gradients excepted), and the jnp/lax
-        composition everywhere else; ``"xla"``
+        bfloat16 and float32 (float32 gradients only where XLA's own program
+        takes more than one pass: three resampled axes, or two not each scaled
+        by 2 or 1/k), and the jnp/lax composition everywhere else; ``"xla"``
         is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
         tests). All give the same results up to float rounding (nearest
@@ -253,13 +255,33 @@ def resample_grad(
 
 def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
     """Whether ``implementation=None`` takes the kernel on a CUDA GPU: where XLA's
-    own program falls short of memory speed there. It moves nearest neighbour and
-    float32 linear gradients about as fast as a copy, but not linear forwards
-    or half-precision linear gradients."""
+    own program falls short of memory speed there. It moves nearest neighbour about
+    as fast as a copy, and float32 linear gradients where it compiles them into one
+    pass (``_one_pass_gradient``); not linear forwards, nor half-precision linear
+    gradients."""
     dtype = jnp.dtype(dtype)
     if not any(axis.linear for axis in axes) or dtype == jnp.float64:
         return False
-    return not (transpose and dtype == jnp.float32)
+    return not (transpose and dtype == jnp.float32 and _one_pass_gradient(axes))
+
+
+def _one_pass_gradient(axes: tuple[Axis, ...]) -> bool:
+    """Whether XLA:GPU compiles the portable float32 linear gradient into one pass,
+    which reads ``dy`` and writes ``dx`` once, as a copy does: with one axis
+    resampled, or two, each by 2 or by 1/k. With other scales (1.5x, 1.7x, 3x by
+    2x, ...) or three axes it writes the sum over one axis and reads it back for
+    the next, moving 1.9-2.8x the bytes; the kernel reads every axis's taps in one
+    pass. (Counted in XLA:GPU's programs for an H100 by
+    ``benchmarks/xla_gpu_report.py``.)"""
+    moved = [axis for axis in axes if not _plan.plan(axis, True).is_identity]
+    if len(moved) <= 1:
+        return True
+
+    def doubled_or_divided(axis: Axis) -> bool:
+        period = axis.coordinates.period  # outputs : inputs
+        return period is not None and (period == (2, 1) or period[0] == 1)
+
+    return len(moved) == 2 and all(doubled_or_divided(axis) for axis in moved)
 
 
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:
