@@ -15,9 +15,9 @@ Triton kernels, library calls such as cuDNN's) and the bytes they move by a
 simple count: each kernel reads its operands and writes its results once, from
 and to memory. That count over the bytes the op itself must read and write is
 how far a program is from the copy roofline before any kernel runs slowly; 1.00
-is a program that touches each byte once. ``--sections scales`` lists the
-float32 linear resample gradient at more scales (which of them XLA compiles
-into one pass decides where the default takes the kernel), and ``--sections
+is a program that touches each byte once. ``--sections scales`` lists float32
+resample at more scales: the linear gradient (where XLA compiles it into one pass
+decides where the default takes the kernel) and nearest neighbour, and ``--sections
 train`` compares the example U-Net's training step (batch 64 of 128x128) with
 jaxgrad's ops and with stock ones.
 
@@ -81,10 +81,11 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
 SECTIONS = ("depthwise", "resample", "scales", "train")
-# The float32 linear gradients of the "scales" section: the scales of NCHW
-# [32,64,256,256]'s two spatial axes, then of the NCDHW volume's three. Which of
-# them XLA compiles into one pass decides the default implementation.
-GRADIENT_SCALES = [
+# The scales of the "scales" section: of NCHW [32,64,256,256]'s two spatial axes,
+# then of the NCDHW volume's three. Where XLA compiles a float32 linear gradient
+# into one pass decides the default implementation; nearest neighbour is listed
+# to show that XLA moves it in one pass at every scale.
+SECTION_SCALES = [
     *[(s, s) for s in (2.0, 3.0, 4.0, 0.5, 1 / 3, 0.25, 1.25, 1.5, 1.7, 0.7)],
     *[(2.0, 0.5), (1 / 3, 2.0), (3.0, 2.0), (2.0, 1.7), (1.7, 1.0)],
     (2.0, 2.0, 2.0),
@@ -241,25 +242,28 @@ def resample_rows(device: Any) -> Iterator[dict]:
 
 
 def scale_rows(device: Any) -> Iterator[dict]:
-    """The float32 linear gradient at each of ``GRADIENT_SCALES``: jaxgrad's default
-    (the kernel unless XLA's program is one pass) and "xla"."""
+    """At each of ``SECTION_SCALES``, in float32: the linear gradient, then nearest
+    neighbour's forward and gradient; jaxgrad's default and "xla"."""
     on = jax.sharding.SingleDeviceSharding(device)
-    for spatial in GRADIENT_SCALES:
+    for spatial in SECTION_SCALES:
         volume = len(spatial) == 3
         layout, shape = gpu.RESAMPLE_VOLUME[:2] if volume else ("NCHW", (32, 64, 256, 256))
         scales = (1.0, 1.0, *spatial)
         out = tuple(int(np.floor(n * s)) for n, s in zip(shape, scales, strict=True))
         x = jax.ShapeDtypeStruct(shape, "float32", sharding=on)
         dy = jax.ShapeDtypeStruct(out, "float32", sharding=on)
-        row: dict[str, Any] = {
-            "case": f"{layout} linear " + " by ".join(f"{s:.3g}x" for s in spatial),
-            "op": "backward",
-            "least": gpu.nbytes(x, dy),
-        }
-        for name, impl in (("default", None), ("xla", "xla")):
-            backward = gpu.jaxgrad_resample(shape, scales, "linear", impl)["backward"]
-            row[name] = summary(launches(compiled(backward, dy)))
-        yield row
+        by = " by ".join(f"{s:.3g}x" for s in spatial)
+        for mode, op, arg in (
+            ("linear", "backward", dy),
+            ("nearest", "forward", x),
+            ("nearest", "backward", dy),
+        ):
+            row: dict[str, Any] = {"case": f"{layout} {mode} {by}", "op": op}
+            row["least"] = gpu.nbytes(x, dy)
+            for name, impl in (("default", None), ("xla", "xla")):
+                fn = gpu.jaxgrad_resample(shape, scales, mode, impl)[op]
+                row[name] = summary(launches(compiled(fn, arg)))
+            yield row
 
 
 def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
