@@ -16,8 +16,9 @@ simple count: each kernel reads its operands and writes its results once, from
 and to memory. That count over the bytes the op itself must read and write is
 how far a program is from the copy roofline before any kernel runs slowly; 1.00
 is a program that touches each byte once. ``--sections scales`` lists float32
-resample at more scales: the linear gradient (where XLA compiles it into one pass
-decides where the default takes the kernel) and nearest neighbour, and ``--sections
+resample at more scales, linear and nearest, forward and gradient (where XLA
+compiles a linear one into one pass decides where the default takes the
+kernel), and ``--sections
 train`` compares the example U-Net's training step (batch 64 of 128x128) with
 jaxgrad's ops and with stock ones.
 
@@ -40,6 +41,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import itertools
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ import gpu
 import jax
 import numpy as np
 
+import jaxgrad
 from jaxgrad import _implementation
 
 # The parts of XLA's description of an H100 80GB HBM3
@@ -82,9 +85,9 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 
 SECTIONS = ("depthwise", "resample", "scales", "train")
 # The scales of the "scales" section: of NCHW [32,64,256,256]'s two spatial axes,
-# then of the NCDHW volume's three. Where XLA compiles a float32 linear gradient
-# into one pass decides the default implementation; nearest neighbour is listed
-# to show that XLA moves it in one pass at every scale.
+# then of the NCDHW volume's three. Where XLA compiles a float32 linear map into
+# one pass decides the default implementation; nearest neighbour is listed to
+# show that XLA moves it in one pass at every scale.
 SECTION_SCALES = [
     *[(s, s) for s in (2.0, 3.0, 4.0, 0.5, 1 / 3, 0.25, 1.25, 1.5, 1.7, 0.7)],
     *[(2.0, 0.5), (1 / 3, 2.0), (3.0, 2.0), (2.0, 1.7), (1.7, 1.0)],
@@ -242,8 +245,8 @@ def resample_rows(device: Any) -> Iterator[dict]:
 
 
 def scale_rows(device: Any) -> Iterator[dict]:
-    """At each of ``SECTION_SCALES``, in float32: the linear gradient, then nearest
-    neighbour's forward and gradient; jaxgrad's default and "xla"."""
+    """At each of ``SECTION_SCALES``, in float32: linear and nearest, forward and
+    gradient; jaxgrad's default and "xla"."""
     on = jax.sharding.SingleDeviceSharding(device)
     for spatial in SECTION_SCALES:
         volume = len(spatial) == 3
@@ -253,10 +256,8 @@ def scale_rows(device: Any) -> Iterator[dict]:
         x = jax.ShapeDtypeStruct(shape, "float32", sharding=on)
         dy = jax.ShapeDtypeStruct(out, "float32", sharding=on)
         by = " by ".join(f"{s:.3g}x" for s in spatial)
-        for mode, op, arg in (
-            ("linear", "backward", dy),
-            ("nearest", "forward", x),
-            ("nearest", "backward", dy),
+        for mode, (op, arg) in itertools.product(
+            ("linear", "nearest"), (("forward", x), ("backward", dy))
         ):
             row: dict[str, Any] = {"case": f"{layout} {mode} {by}", "op": op}
             row["least"] = gpu.nbytes(x, dy)
@@ -267,7 +268,9 @@ def scale_rows(device: Any) -> Iterator[dict]:
 
 
 def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
-    """The example U-Net's training step, with jaxgrad's ops and with stock ones."""
+    """The example U-Net's training step, with jaxgrad's ops and with stock ones;
+    then with jaxgrad's resampling in "xla", which XLA can fuse with the ops
+    around it (its "default" column)."""
     sys.path.insert(0, str(gpu.ROOT / "examples"))
     import unet
 
@@ -286,6 +289,18 @@ def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
         step = functools.partial(unet.train_step, ops=ops)
         row[name] = summary(launches(compiled(step, *specs)))
     yield row
+    xla_resampling = dataclasses.replace(
+        unet.JAXGRAD,
+        down=lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1), mode="linear", implementation="xla"),
+        up=lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear", implementation="xla"),
+    )
+    step = functools.partial(unet.train_step, ops=xla_resampling)
+    yield {
+        "case": f'U-Net step, batch {batch} of {size}x{size}, resample implementation="xla"',
+        "op": "step",
+        "least": None,
+        "default": summary(launches(compiled(step, *specs))),
+    }
 
 
 # --------------------------------------------------------------------------------------

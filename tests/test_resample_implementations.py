@@ -235,19 +235,29 @@ def test_default_is_the_portable_program_on_the_cpu():
 
 def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     patch(_implementation, "_has_cuda", lambda: True)
-    # Linear forwards, and linear gradients in half precision: the kernel.
-    assert TRITON_CALL in lowered(None, "cuda")
-    assert TRITON_CALL in lowered(None, "cuda", dtype=jnp.bfloat16, grad=True)
     assert TRITON_CALL not in lowered(None, "cpu")
-    # Nearest neighbour, float64, and the float32 linear gradients XLA compiles into
-    # one pass: XLA's program.
+    # Nearest neighbour and float64: XLA's program.
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
+    assert TRITON_CALL not in lowered(None, "cuda", mode="nearest", grad=True)
     assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
-    for scales in [(1, 1, 2, 2), (1, 1, 0.5, 2), (1, 1, 0.25, 0.5), (1, 1, 1.5, 1), (1, 1.5, 1, 1)]:
+    # Linear maps XLA compiles into one pass: one axis resampled, forwards that
+    # shrink every axis, float32 gradients of two axes each by 2 or 1/k.
+    one_axis = [(1, 1, 1.5, 1), (1, 1.5, 1, 1), (1, 1, 1, 3)]
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for scales in [*one_axis, (1, 1, 0.5, 0.5), (1, 1, 0.25, 0.7), (1, 0.5, 0.5, 0.5)]:
+            assert TRITON_CALL not in lowered(None, "cuda", dtype=dtype, scales=scales), scales
+    for scales in [*one_axis, (1, 1, 2, 2), (1, 1, 0.5, 2), (1, 1, 0.25, 0.5)]:
         assert TRITON_CALL not in lowered(None, "cuda", grad=True, scales=scales), scales
-    # Float32 linear gradients that XLA splits into a pass per axis: the kernel.
+    # Linear maps XLA splits into a pass per axis: the kernel.
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for scales in [(1, 1, 2, 2), (1, 1, 2, 0.5), (1, 1, 1.25, 1.25), (1, 2, 2, 2)]:
+            assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, scales=scales), scales
     for scales in [(1, 1, 1.5, 1.5), (1, 1, 3, 2), (1, 1, 2, 1.5), (1, 2, 2, 2)]:
         assert TRITON_CALL in lowered(None, "cuda", grad=True, scales=scales), scales
+    # Half-precision linear gradients, one pass or not: the kernel.
+    for scales in [(1, 1, 2, 2), (1, 1, 0.5, 0.5), (1, 1, 1.5, 1)]:
+        for dtype in (jnp.bfloat16, jnp.float16):
+            assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, grad=True, scales=scales)
 
 
 def test_default_falls_back_without_pallas(patch):

@@ -91,10 +91,10 @@ def resample(
         be 0. The coordinates use ``scales`` either way.
       implementation: which arithmetic computes the op, as in
         ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        a Pallas kernel on CUDA GPUs for linear interpolation in float16,
-        bfloat16 and float32 (float32 gradients only where XLA's own program
-        takes more than one pass: three resampled axes, or two not each scaled
-        by 2 or 1/k), and the jnp/lax composition everywhere else; ``"xla"``
+        a Pallas kernel on CUDA GPUs for linear interpolation where XLA's own
+        program would take a pass per axis (2x upsampling, say) and for
+        half-precision linear gradients, and the jnp/lax composition everywhere
+        else; ``"xla"``
         is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
         tests). All give the same results up to float rounding (nearest
@@ -196,10 +196,10 @@ def resample_grad(
       output_pixel_offsets: as given to ``resample``.
       implementation: which arithmetic computes the op, as in
         ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        a Pallas kernel on CUDA GPUs for linear interpolation in float16,
-        bfloat16 and float32 (float32 gradients only where XLA's own program
-        takes more than one pass: three resampled axes, or two not each scaled
-        by 2 or 1/k), and the jnp/lax composition everywhere else; ``"xla"``
+        a Pallas kernel on CUDA GPUs for linear interpolation where XLA's own
+        program would take a pass per axis (2x upsampling, say) and for
+        half-precision linear gradients, and the jnp/lax composition everywhere
+        else; ``"xla"``
         is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
         tests). All give the same results up to float rounding (nearest
@@ -255,27 +255,32 @@ def resample_grad(
 
 def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
     """Whether ``implementation=None`` takes the kernel on a CUDA GPU: where XLA's
-    own program falls short of memory speed there. It moves nearest neighbour about
-    as fast as a copy, and float32 linear gradients where it compiles them into one
-    pass (``_one_pass_gradient``); not linear forwards, nor half-precision linear
-    gradients."""
+    own program falls short of memory speed there. XLA moves nearest neighbour,
+    and linear maps it compiles into one pass (``_one_pass``), about as fast as a
+    copy, but for half-precision linear gradients: slower than a copy even in one
+    pass, they always take the kernel."""
     dtype = jnp.dtype(dtype)
     if not any(axis.linear for axis in axes) or dtype == jnp.float64:
         return False
-    return not (transpose and dtype == jnp.float32 and _one_pass_gradient(axes))
+    if transpose and dtype != jnp.float32:
+        return True
+    return not _one_pass(axes, transpose)
 
 
-def _one_pass_gradient(axes: tuple[Axis, ...]) -> bool:
-    """Whether XLA:GPU compiles the portable float32 linear gradient into one pass,
-    which reads ``dy`` and writes ``dx`` once, as a copy does: with one axis
-    resampled, or two, each by 2 or by 1/k. With other scales (1.5x, 1.7x, 3x by
-    2x, ...) or three axes it writes the sum over one axis and reads it back for
-    the next, moving 1.9-2.8x the bytes; the kernel reads every axis's taps in one
-    pass. (Counted in XLA:GPU's programs for an H100 by
-    ``benchmarks/xla_gpu_report.py``.)"""
-    moved = [axis for axis in axes if not _plan.plan(axis, True).is_identity]
+def _one_pass(axes: tuple[Axis, ...], transpose: bool) -> bool:
+    """Whether XLA:GPU compiles the portable linear map (or its transpose, the
+    gradient) into one pass, which reads its input and writes its output once, as
+    a copy does: with one axis resampled; a forward that shrinks every axis it
+    resamples; a gradient of two axes, each by 2 or by 1/k. Elsewhere (a 2x
+    forward, a 1.7x gradient, three axes, ...) it writes the result along one
+    axis and reads it back for the next, moving 1.5-2.8x the bytes, where the
+    kernel reads every axis's taps in one pass. (Counted in XLA:GPU's programs
+    for an H100 by ``benchmarks/xla_gpu_report.py --sections scales``.)"""
+    moved = [axis for axis in axes if not _plan.plan(axis, transpose).is_identity]
     if len(moved) <= 1:
         return True
+    if not transpose:
+        return all(axis.n_out <= axis.n_in for axis in moved)
 
     def doubled_or_divided(axis: Axis) -> bool:
         period = axis.coordinates.period  # outputs : inputs

@@ -76,10 +76,10 @@ def resize(
         ``"round_prefer_ceil"``, ``"floor"`` or ``"ceil"``.
       implementation: which arithmetic computes the op, as in
         ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        a Pallas kernel on CUDA GPUs for linear interpolation in float16,
-        bfloat16 and float32 (float32 gradients only where XLA's own program
-        takes more than one pass: three resampled axes, or two not each scaled
-        by 2 or 1/k), and the jnp/lax composition everywhere else; ``"xla"``
+        a Pallas kernel on CUDA GPUs for linear interpolation where XLA's own
+        program would take a pass per axis (2x upsampling, say) and for
+        half-precision linear gradients, and the jnp/lax composition everywhere
+        else; ``"xla"``
         is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for
         tests). All give the same results up to float rounding (nearest
