@@ -16,9 +16,10 @@ simple count: each kernel reads its operands and writes its results once, from
 and to memory. That count over the bytes the op itself must read and write is
 how far a program is from the copy roofline before any kernel runs slowly; 1.00
 is a program that touches each byte once. ``--sections scales`` lists float32
-resample at more scales, linear and nearest, forward and gradient (where XLA
-compiles a linear one into one pass decides where the default takes the
-kernel), and ``--sections
+resample at more scales, linear and nearest, forward and gradient, with "xla"
+applying the axes one at a time as on the CPU: where XLA:GPU compiles that into
+one pass decides where the default takes the kernel and where "xla" on GPUs
+reads every axis's taps in one expression instead. ``--sections
 train`` compares the example U-Net's training step (batch 64 of 128x128) with
 jaxgrad's ops and with stock ones.
 
@@ -54,6 +55,7 @@ import numpy as np
 
 import jaxgrad
 from jaxgrad import _implementation
+from jaxgrad._resample import _xla
 
 # The parts of XLA's description of an H100 80GB HBM3
 # (xla/backends/gpu/target_config/specs/h100_sxm.txtpb) that compiling reads.
@@ -246,7 +248,8 @@ def resample_rows(device: Any) -> Iterator[dict]:
 
 def scale_rows(device: Any) -> Iterator[dict]:
     """At each of ``SECTION_SCALES``, in float32: linear and nearest, forward and
-    gradient; jaxgrad's default and "xla"."""
+    gradient; jaxgrad's default, "xla", and "xla" applying the axes one at a time
+    as it does on the CPU (its "peer" column), which is where the rules come from."""
     on = jax.sharding.SingleDeviceSharding(device)
     for spatial in SECTION_SCALES:
         volume = len(spatial) == 3
@@ -264,6 +267,9 @@ def scale_rows(device: Any) -> Iterator[dict]:
             for name, impl in (("default", None), ("xla", "xla")):
                 fn = gpu.jaxgrad_resample(shape, scales, mode, impl)[op]
                 row[name] = summary(launches(compiled(fn, arg)))
+            with mock.patch.object(_xla, "_joint_fits", lambda plans: False):
+                fn = gpu.jaxgrad_resample(shape, scales, mode, "xla")[op]
+                row["peer"] = summary(launches(compiled(fn, arg)))
             yield row
 
 
@@ -334,7 +340,7 @@ def render(rows: list[dict], peer: str | None) -> str:
 PEERS = {
     "depthwise": "lax (cuDNN)",
     "resample": "jax.image.resize",
-    "scales": None,
+    "scales": "xla, one axis at a time",
     "train": "stock ops",
 }
 ROWS = {

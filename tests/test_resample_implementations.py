@@ -2,6 +2,10 @@
 against the float64 reference and the scatter-add oracle (in Pallas' interpret mode
 on the CPU), and the kernel's lowering for CUDA GPUs, checked here without one."""
 
+import contextlib
+import re
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +27,7 @@ from test_resample import (
 
 import jaxgrad
 from jaxgrad import _implementation
-from jaxgrad._resample import _pallas, _plan
+from jaxgrad._resample import _pallas, _plan, _xla
 
 KERNEL = dict(implementation="pallas")
 
@@ -204,6 +208,132 @@ def test_kernel_with_identity_and_empty_axes():
     np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1), **KERNEL), x)
     empty = jaxgrad.resample(jnp.ones((0, 3)), (1, 2), output_shape=(0, 6), **KERNEL)
     assert empty.shape == (0, 6)
+
+
+# ----------------------------------------------------------------------------------
+# The portable implementation on GPUs: every axis in one expression
+# ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def joint_on_the_cpu():
+    """``implementation="xla"`` as GPUs run it: every axis's taps in one expression
+    where applying the axes one at a time would take XLA:GPU a pass per axis."""
+    jax.clear_caches()
+    with mock.patch.object(_xla, "_GPU_PLATFORMS", ("cpu", "cuda", "rocm")):
+        yield
+    jax.clear_caches()
+
+
+# Where XLA:GPU would take a pass per axis (forward and gradient, but the 2x by 2x
+# gradient, one pass): the joint form's cases.
+JOINT_CASES = [
+    ((2, 5, 7, 3), (1, 1.7, 1.7, 1)),
+    ((3, 4, 5), (2, 2, 2)),
+    ((6, 5), (3, 2)),
+    ((4, 6), (0.7, 1.5)),
+    ((2, 3, 5, 7), (1, 1, 2, 2)),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_joint_form_matches_reference(c, seed):
+    rng = np.random.default_rng(seed)
+    x, dy = rng.normal(size=c["in_shape"]), rng.normal(size=c["out_shape"])
+    kw = dict(output_pixel_offsets=c["b"], input_pixel_offsets=c["a"], implementation="xla")
+    kw |= dict(mode=c["mode"], rounding=c["rounding"])
+    with joint_on_the_cpu():
+        y = jaxgrad.resample(jnp.asarray(x), c["scales"], output_shape=c["out_shape"], **kw)
+        dx = jaxgrad.resample_grad(jnp.asarray(dy), c["in_shape"], c["scales"], **kw)
+    expected = reference_resample(x, c["out_shape"], *ref_args(c))
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    expected = reference_resample_grad(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, expected, rtol=1e-12, atol=1e-12)
+    oracle = scatter_add_oracle(dy, c["in_shape"], *ref_args(c))
+    np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("in_shape, scales", JOINT_CASES)
+def test_joint_form_is_taken_where_gpus_would_take_a_pass_per_axis(in_shape, scales):
+    # The joint form is traced for these cases, forward and gradient, and gives the
+    # values of the axes applied one at a time, up to rounding.
+    # Infinities in two corners reach exactly the outputs that read them (inf, not
+    # NaN, where a row has fewer taps than the table or a tap has no weight).
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=in_shape)
+    x.flat[[0, -1]] = np.inf
+    out_shape = tuple(int(n * s) for n, s in zip(in_shape, scales, strict=True))
+    dy = rng.normal(size=out_shape)
+    dy.flat[[0, -1]] = -np.inf
+    x, dy = jnp.asarray(x), jnp.asarray(dy)
+    kw = dict(mode="linear", implementation="xla")
+
+    def both():
+        y = jaxgrad.resample(x, scales, **kw)
+        return y, jaxgrad.resample_grad(dy, in_shape, scales, **kw)
+
+    by_axis = both()
+    with (
+        joint_on_the_cpu(),
+        mock.patch.object(_xla, "_apply_jointly", wraps=_xla._apply_jointly) as spy,
+    ):
+        jointly = both()
+    assert spy.call_count == (1 if scales == (1, 1, 2, 2) else 2)
+    for result, expected in zip(jointly, by_axis, strict=True):
+        assert not np.isnan(expected).any()
+        np.testing.assert_allclose(result, expected, rtol=1e-13, atol=1e-13)
+
+
+def test_joint_form_is_not_taken_where_one_pass_suffices():
+    # Nearest neighbour, one resampled axis, a shrinking forward, a 2x gradient.
+    x = jnp.ones((2, 3, 8, 8))
+    with (
+        joint_on_the_cpu(),
+        mock.patch.object(_xla, "_apply_jointly", wraps=_xla._apply_jointly) as spy,
+    ):
+        jaxgrad.resample(x, (1, 1, 2, 2), mode="nearest", implementation="xla")
+        jaxgrad.resample(x, (1, 1, 1, 1.7), mode="linear", implementation="xla")
+        jaxgrad.resample(x, (1, 1, 0.5, 0.7), mode="linear", implementation="xla")
+        jaxgrad.resample_grad(x, (2, 3, 4, 4), (1, 1, 2, 2), mode="linear", implementation="xla")
+    assert spy.call_count == 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("in_shape, scales", JOINT_CASES[:3])
+def test_joint_form_accumulates_half_precision_in_float32(dtype, in_shape, scales):
+    # As the kernel: summed in float32 and rounded once, so the half result is the
+    # float32 result rounded, bit for bit. Signs, zeros and infinities included.
+    rng = np.random.default_rng(5)
+    out_shape = tuple(int(n * s) for n, s in zip(in_shape, scales, strict=True))
+    dy = rng.normal(size=out_shape)
+    dy.flat[:4] = [-0.0, np.inf, -np.inf, -1e-30]
+    dy = jnp.asarray(dy, dtype)
+    with joint_on_the_cpu():
+        half = jaxgrad.resample_grad(dy, in_shape, scales, mode="linear", implementation="xla")
+        full = jaxgrad.resample_grad(
+            dy.astype(jnp.float32), in_shape, scales, mode="linear", implementation="xla"
+        )
+    np.testing.assert_array_equal(
+        np.asarray(half, np.float32), np.asarray(full.astype(dtype), np.float32)
+    )
+
+
+def test_joint_form_leaves_the_cpu_program_as_it_was(patch):
+    # The CPU (and TPU) keep the axes one at a time: XLA:CPU compiles "xla" to the
+    # same program as with no joint form at all.
+    x = jax.ShapeDtypeStruct((2, 3, 8, 8), jnp.float32)
+
+    def program():
+        kw = dict(mode="linear", implementation="xla")
+        fn = jax.jit(lambda x: jaxgrad.resample(x, (1, 1, 2, 2), **kw))
+        text = re.sub(r", metadata=\{[^}]*\}", "", fn.lower(x).compile().as_text())
+        return [line for line in text.splitlines() if " = " in line]
+
+    with_joint_form = program()
+    patch(_xla, "_joint_fits", lambda plans: False)
+    jax.clear_caches()  # the op's traced core would outlive the patch
+    assert program() == with_joint_form
 
 
 # ----------------------------------------------------------------------------------

@@ -254,39 +254,20 @@ def resample_grad(
 
 
 def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
-    """Whether ``implementation=None`` takes the kernel on a CUDA GPU: where XLA's
-    own program falls short of memory speed there. XLA moves nearest neighbour,
-    and linear maps it compiles into one pass (``_one_pass``), about as fast as a
-    copy, but for half-precision linear gradients: slower than a copy even in one
-    pass, they always take the kernel."""
+    """Whether ``implementation=None`` takes the kernel on a CUDA GPU. XLA's
+    program applies the axes one at a time; it runs nearest neighbour, and the
+    linear maps it compiles into one pass that way (``one_pass_on_gpus``), about
+    as fast as a copy, and can fuse them with their neighbours. Elsewhere the
+    kernel reads every axis's taps in one pass (``"xla"`` on GPUs then does too,
+    in one expression, not yet timed against it), and it takes every
+    half-precision linear gradient, which XLA ran slower than a copy even in one
+    pass."""
     dtype = jnp.dtype(dtype)
     if not any(axis.linear for axis in axes) or dtype == jnp.float64:
         return False
     if transpose and dtype != jnp.float32:
         return True
-    return not _one_pass(axes, transpose)
-
-
-def _one_pass(axes: tuple[Axis, ...], transpose: bool) -> bool:
-    """Whether XLA:GPU compiles the portable linear map (or its transpose, the
-    gradient) into one pass, which reads its input and writes its output once, as
-    a copy does: with one axis resampled; a forward that shrinks every axis it
-    resamples; a gradient of two axes, each by 2 or by 1/k. Elsewhere (a 2x
-    forward, a 1.7x gradient, three axes, ...) it writes the result along one
-    axis and reads it back for the next, moving 1.5-2.8x the bytes, where the
-    kernel reads every axis's taps in one pass. (Counted in XLA:GPU's programs
-    for an H100 by ``benchmarks/xla_gpu_report.py --sections scales``.)"""
-    moved = [axis for axis in axes if not _plan.plan(axis, transpose).is_identity]
-    if len(moved) <= 1:
-        return True
-    if not transpose:
-        return all(axis.n_out <= axis.n_in for axis in moved)
-
-    def doubled_or_divided(axis: Axis) -> bool:
-        period = axis.coordinates.period  # outputs : inputs
-        return period is not None and (period == (2, 1) or period[0] == 1)
-
-    return len(moved) == 2 and all(doubled_or_divided(axis) for axis in moved)
+    return not _xla.one_pass_on_gpus(axes, transpose)
 
 
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:

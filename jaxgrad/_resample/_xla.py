@@ -5,6 +5,11 @@ strided slices, short axes gather with constant index tables, long ones compute
 their indices from the plan's pattern, and rows with many taps sum in a loop.
 Half types are read as 16-bit words and summed in float32. The block structure
 (which rows are cut out and joined back) is tuned for XLA:CPU.
+
+The axes are applied one at a time. Where XLA:GPU would then write the result
+along one axis and read it back for the next (``one_pass_on_gpus`` says where it
+does not), GPUs read every axis's taps in one expression instead
+(``_apply_jointly``), which XLA:GPU compiles into one pass.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ _MAX_BLOCKS = 27
 # sums every output it fed) are summed in a loop over the taps, so that the
 # program does not grow with the scale.
 _MAX_UNROLLED_TAPS = 16
+# The most terms (one tap of every resampled axis each) that the joint form on
+# GPUs sums per output element; beyond, the axes are applied one at a time.
+_MAX_JOINT_TERMS = 64
+# The platforms whose XLA gets the joint form where it applies.
+_GPU_PLATFORMS = ("cuda", "rocm")
 
 
 def _bit_views(x: jax.Array) -> tuple[jax.Array, ...]:
@@ -59,6 +69,17 @@ def _runs(plan: _plan.Plan) -> list[range]:
         return [range(plan.n_rows)]
     cuts = (range(plan.first), range(plan.first, plan.stop), range(plan.stop, plan.n_rows))
     return [run for run in cuts if run]
+
+
+def _along(values: Any, dtype: Any, *, dim: int, ndim: int) -> Any:
+    """One value per row (or one for all), shaped to broadcast along ``dim`` of an
+    ``ndim``-D array. A listed mask stays a NumPy array (one constant in the
+    program)."""
+    shape = [1] * ndim
+    shape[dim] = np.size(values)
+    if isinstance(values, np.ndarray) and values.dtype == bool:
+        return values.reshape(shape)
+    return jnp.asarray(values, dtype).reshape(shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,15 +159,7 @@ def _apply_axis(
     on every run. ``bfloat16_bits``: the views hold bfloat16 bit patterns to widen.
     """
     reads = itertools.cycle(views)
-
-    def along(values: Any, dtype: Any) -> Any:
-        """One value per row (or one for all), shaped to broadcast along ``dim``.
-        A listed mask stays a NumPy array (one constant in the program)."""
-        shape = [1] * views[0].ndim
-        shape[dim] = np.size(values)
-        if isinstance(values, np.ndarray) and values.dtype == bool:
-            return values.reshape(shape)
-        return jnp.asarray(values, dtype).reshape(shape)
+    along = functools.partial(_along, dim=dim, ndim=views[0].ndim)
 
     def term(read: jax.Array, weight: Any, unit: bool) -> jax.Array:
         read = _bits.widen(read) if bfloat16_bits else read.astype(dtype)
@@ -238,9 +251,80 @@ def _looped_axis(
 
 
 def apply(x: jax.Array, axes: tuple[Axis, ...], transpose: bool) -> jax.Array:
-    """The separable map (or its transpose), one non-identity axis at a time."""
+    """The separable map (or its transpose): one axis at a time, but on GPUs every
+    axis in one expression where XLA:GPU would take a pass per axis."""
     plans = [(dim, _plan.plan(axis, transpose)) for dim, axis in enumerate(axes)]
     plans = [(dim, plan) for dim, plan in plans if not plan.is_identity]
+    by_axis = functools.partial(_apply_by_axis, plans=plans)
+    if one_pass_on_gpus(axes, transpose) or not _joint_fits(plans):
+        return by_axis(x)
+    jointly = functools.partial(_apply_jointly, plans=plans)
+    gpus = dict.fromkeys(_GPU_PLATFORMS, jointly)
+    result: jax.Array = lax.platform_dependent(x, **gpus, default=by_axis)
+    return result
+
+
+def one_pass_on_gpus(axes: tuple[Axis, ...], transpose: bool) -> bool:
+    """Whether XLA:GPU compiles the map (or its transpose, the gradient) applied
+    one axis at a time into one pass, which reads the input and writes the output
+    once, as a copy does: one axis resampled; a linear forward that shrinks every
+    axis it resamples; a linear gradient of two axes, each by 2 or by 1/k; and
+    nearest neighbour (but for a gradient at 1/3x by 2x, 1.40x the bytes, which
+    is left as it is). Elsewhere (a 2x forward, a 1.7x gradient, three axes, ...)
+    it writes the result along one axis and reads it back for the next, moving
+    1.5-2.8x the bytes. (Read off XLA:GPU's programs for an H100 by
+    ``benchmarks/xla_gpu_report.py --sections scales``.)"""
+    moved = [axis for axis in axes if not _plan.plan(axis, transpose).is_identity]
+    if len(moved) <= 1 or not any(axis.linear for axis in moved):
+        return True
+    if not transpose:
+        return all(axis.n_out <= axis.n_in for axis in moved)
+
+    def doubled_or_divided(axis: Axis) -> bool:
+        period = axis.coordinates.period  # outputs : inputs
+        return period is not None and (period == (2, 1) or period[0] == 1)
+
+    return len(moved) == 2 and all(doubled_or_divided(axis) for axis in moved)
+
+
+def _joint_fits(plans: list[tuple[int, _plan.Plan]]) -> bool:
+    """Whether every axis's taps can be read in one expression: few enough taps
+    per row on each axis, and of tap combinations per output element."""
+    widths = [plan.width for _, plan in plans]
+    return max(widths) <= _MAX_UNROLLED_TAPS and math.prod(widths) <= _MAX_JOINT_TERMS
+
+
+def _apply_jointly(x: jax.Array, plans: list[tuple[int, _plan.Plan]]) -> jax.Array:
+    """Every axis in one expression, for XLA:GPU: each output element sums, over
+    one tap of every resampled axis, the input element those taps read times
+    the product of their weights, the first axis's taps outermost (the kernel's
+    order), in float32 for half types (float64 for float64) and rounded once.
+    Every term gathers from the input itself, so XLA:GPU fuses them all into one
+    loop that reads the input and writes the output once; applied one axis at a
+    time, the result along one axis would be written out and read back."""
+    dtype = _checks.compute_dtype(x.dtype)
+
+    def total(read: jax.Array, remaining: list[tuple[int, _plan.Plan]]) -> jax.Array:
+        """The sum over the taps of the ``remaining`` axes of ``read``."""
+        if not remaining:
+            return read
+        (dim, plan), rest = remaining[0], remaining[1:]
+        along = functools.partial(_along, dim=dim, ndim=x.ndim)
+        terms = []
+        for slot in _slots(plan, range(plan.n_rows), dtype):
+            term = total(jnp.take(read, slot.index, axis=dim, mode="clip"), rest)
+            term = term if slot.unit else term * along(slot.weight, dtype)
+            if slot.valid is not None:
+                term = jnp.where(along(slot.valid, bool), term, jnp.zeros((), dtype))
+            terms.append(term)
+        return functools.reduce(operator.add, terms)
+
+    return total(x.astype(dtype), plans).astype(x.dtype)
+
+
+def _apply_by_axis(x: jax.Array, plans: list[tuple[int, _plan.Plan]]) -> jax.Array:
+    """The ``plans`` (the non-identity axes), one axis at a time, in blocks."""
+    plans = list(plans)
     # Shrinking axes first keeps the intermediate arrays small.
     plans.sort(key=lambda item: item[1].n_rows / x.shape[item[0]])
     # A pure gather (nearest forward, and a nearest gradient in which no two
