@@ -259,7 +259,7 @@ def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
     linear maps it compiles into one pass that way (``one_pass_on_gpus``), about
     as fast as a copy, and can fuse them with their neighbours. Elsewhere the
     kernel reads every axis's taps in one pass (``"xla"`` on GPUs then does too,
-    in one expression, not yet timed against it), and it takes every
+    in one expression, not yet timed against it). The kernel also takes every
     half-precision linear gradient, which XLA ran slower than a copy even in one
     pass."""
     dtype = jnp.dtype(dtype)

@@ -295,13 +295,13 @@ def _joint_fits(plans: list[tuple[int, _plan.Plan]]) -> bool:
 
 
 def _apply_jointly(x: jax.Array, plans: list[tuple[int, _plan.Plan]]) -> jax.Array:
-    """Every axis in one expression, for XLA:GPU: each output element sums, over
-    one tap of every resampled axis, the input element those taps read times
-    the product of their weights, the first axis's taps outermost (the kernel's
-    order), in float32 for half types (float64 for float64) and rounded once.
-    Every term gathers from the input itself, so XLA:GPU fuses them all into one
-    loop that reads the input and writes the output once; applied one axis at a
-    time, the result along one axis would be written out and read back."""
+    """Every axis in one expression, for XLA:GPU: each output element is the sum
+    over the first axis's taps of its weight times the sum over the next axis's
+    taps, and so on (the kernel's order), of the input element the taps read; in
+    float32 for half types (float64 for float64), rounded once. Every term
+    gathers from the input itself, so XLA:GPU fuses them all into one loop that
+    reads the input and writes the output once; applied one axis at a time, the
+    result along one axis would be written out and read back."""
     dtype = _checks.compute_dtype(x.dtype)
 
     def total(read: jax.Array, remaining: list[tuple[int, _plan.Plan]]) -> jax.Array:
