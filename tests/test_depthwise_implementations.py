@@ -4,6 +4,8 @@ kernels' lowering for CUDA GPUs, checked here without one."""
 
 import dataclasses
 import functools
+import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -483,6 +485,68 @@ def test_portable_filter_gradient_through_the_tree(case, data_format, monkeypatc
     want = ref_backprop_filter(exact[0], exact[2], cfg)
     np.testing.assert_allclose(got["backprop_filter"], want, rtol=1e-10, atol=1e-10)
     jax.clear_caches()
+
+
+# ----------------------------------------------------------------------------------
+# The portable forward and input gradient on GPU platforms: gathered windows
+# ----------------------------------------------------------------------------------
+
+
+def gpu_reads(cfg, data_format, dtype, seed):
+    """The portable forward and input gradient as GPU platforms compute them (their
+    windows gathered), run here, and as the CPU computes them; NHWC float64."""
+    (x, f, dy), _ = operands(cfg, data_format, dtype, seed=seed)
+    ops = three_ops(cfg, data_format, implementation="xla")
+    ops = {name: ops[name] for name in ("forward", "backprop_input")}
+    jax.clear_caches()
+    on_the_cpu = run_ops(ops, data_format, x, f, dy)
+    with mock.patch.object(_xla, "_GPU_PLATFORMS", ("cpu", "cuda", "rocm")):
+        jax.clear_caches()
+        as_on_gpus = run_ops(ops, data_format, x, f, dy)
+    jax.clear_caches()
+    return as_on_gpus, on_the_cpu
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_portable_windows_as_gpus_read_them(case, data_format):
+    # Where XLA:CPU reads windows from a padded copy (the strided input gradient,
+    # the NCHW half-precision forward and input gradient), GPUs gather them: the
+    # same products in the same order, so the same bits.
+    cfg = make_cfg(*CASES[case])
+    for dtype in (jnp.float64, jnp.bfloat16, jnp.float16):
+        as_on_gpus, on_the_cpu = gpu_reads(cfg, data_format, dtype, seed=case)
+        for name, want in on_the_cpu.items():
+            assert as_on_gpus[name].tobytes() == want.tobytes(), (name, dtype)
+    # And the float64 results are the reference's.
+    (_, _, _), exact = operands(cfg, data_format, jnp.float64, seed=case)
+    as_on_gpus, _ = gpu_reads(cfg, data_format, jnp.float64, seed=case)
+    want = references(cfg, *exact)
+    for name, got in as_on_gpus.items():
+        np.testing.assert_allclose(got, want[name], rtol=1e-10, atol=1e-10)
+
+
+def test_portable_windows_are_gathered_for_a_gpu_only():
+    # A strided input gradient and an NCHW bfloat16 forward: XLA:CPU's program
+    # pads a copy, a GPU's gathers (the pad is in its StableHLO only on the CPU).
+    x = jnp.ones((2, 3, 9, 9), jnp.bfloat16)
+    f = jnp.ones((3, 3, 3, 1), jnp.bfloat16)
+    kw = dict(data_format="NCHW", implementation="xla")
+
+    def forward(x, f):
+        return jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", **kw)
+
+    dy = jnp.ones((2, 3, 5, 5), jnp.float32)
+
+    def strided_input_gradient(f, dy):
+        return jaxgrad.depthwise_conv2d_backprop_input(
+            (2, 3, 9, 9), f.astype(jnp.float32), dy, (2, 2), "SAME", **kw
+        )
+
+    for fn, args in ((forward, (x, f)), (strided_input_gradient, (f, dy))):
+        for platform in ("cuda", "rocm", "cpu"):
+            text = lowered_text(fn, *args, platform=platform)
+            assert bool(re.search(r"stablehlo.pad\b", text)) == (platform == "cpu"), platform
 
 
 @pytest.mark.parametrize("kernel", [3, 7])  # blocked taps; the loop over kernel rows

@@ -25,6 +25,9 @@ from jax import lax
 from jaxgrad import _bits, _checks, _sharding, _tiles
 from jaxgrad._depthwise._plan import Conv
 
+# The platforms whose XLA gets the GPU formulations below (``_on_gpus``).
+_GPU_PLATFORMS = ("cuda", "rocm")
+
 
 def _spatial_axes(conv: Conv) -> tuple[int, int]:
     return (3, 4) if conv.nchw else (1, 2)
@@ -65,10 +68,11 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
 #   output into blocks along both spatial axes (`_Reader.runs`): the large middle
 #   block, whose windows all lie inside, is pure slices, and only the thin border
 #   blocks gather; `_tile` concatenates the blocks back together.
-# - Padded (the strided input gradient, whose phases interleave, and the NCHW
-#   half-precision forward and input gradient): pad the array once and slice each
-#   window out of the padded copy. XLA:CPU never fuses a pad that several slices
-#   read, so this writes that copy first.
+# - Padded (on the CPU: the strided input gradient, whose phases interleave, and
+#   the NCHW half-precision forward and input gradient): pad the array once and
+#   slice each window out of the padded copy. XLA:CPU never fuses a pad that
+#   several slices read, so this writes that copy first. (GPUs gather those
+#   windows: `_read_per_platform`.)
 #
 # In NCHW, W is the minor axis, and XLA:CPU does not fuse a concatenation along
 # it; `_tile` joins the blocks along W last, one copy of the output. The NCHW
@@ -256,10 +260,57 @@ def _few_taps(conv: Conv) -> bool:
     return conv.kernel[0] * conv.kernel[1] <= _MAX_BLOCKED_TAPS
 
 
+def _on_gpus(
+    args: tuple[jax.Array, ...],
+    gpus: Callable[..., jax.Array],
+    default: Callable[..., jax.Array],
+) -> jax.Array:
+    """``gpus(*args)`` on GPU platforms and ``default(*args)`` elsewhere, chosen
+    when the program is lowered for its platform."""
+    chosen: jax.Array = lax.platform_dependent(
+        *args, **dict.fromkeys(_GPU_PLATFORMS, gpus), default=default
+    )
+    return chosen
+
+
+def _half_nchw(conv: Conv, operand: jax.Array) -> bool:
+    """Whether ``operand`` is a half-precision NCHW array."""
+    return conv.nchw and _checks.compute_dtype(operand.dtype) != operand.dtype
+
+
+def _read_per_platform(
+    op: Callable[..., jax.Array],
+    args: tuple[jax.Array, ...],
+    conv: Conv,
+    *,
+    gpus: bool,
+    elsewhere: bool,
+) -> jax.Array:
+    """``op(*args, conv=conv, gather=...)``, its windows gathered or sliced from a
+    padded copy as each platform reads them faster. XLA:CPU reads some windows
+    faster from a padded copy (the NCHW half-precision ones, and the strided
+    input gradient's); XLA:GPU writes such a copy out, moving 1.8-4.3x the op's
+    bytes where gathered windows move 1.00x
+    (``benchmarks/xla_gpu_report.py --sections depthwise``)."""
+    if gpus == elsewhere:
+        return op(*args, conv=conv, gather=gpus)
+    return _on_gpus(
+        args,
+        gpus=functools.partial(op, conv=conv, gather=gpus),
+        default=functools.partial(op, conv=conv, gather=elsewhere),
+    )
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
+    few = _few_taps(conv)
+    return _read_per_platform(
+        _forward, (x, f), conv, gpus=few, elsewhere=few and not _half_nchw(conv, x)
+    )
+
+
+def _forward(x: jax.Array, f: jax.Array, conv: Conv, *, gather: bool) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
     few = _few_taps(conv)
-    gather = few and (not conv.nchw or dtype == x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather, isolate=not few)
     f = f.astype(dtype)
 
@@ -316,6 +367,12 @@ def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    few = _few_taps(conv)
+    elsewhere = few and not _half_nchw(conv, dy) and conv.strides == (1, 1)
+    return _read_per_platform(_input_gradient, (f, dy), conv, gpus=few, elsewhere=elsewhere)
+
+
+def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, gather: bool) -> jax.Array:
     # Polyphase: the input pixels of one residue class per axis receive a fixed set
     # of taps at shifts that do not depend on the pixel, so each class is a stride-1
     # shifted sum over the gradient, and the classes interleave back into place.
@@ -342,7 +399,6 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     ]
     (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
     few = _few_taps(conv)
-    gather = few and (not conv.nchw or dtype == dy.dtype) and conv.strides == (1, 1)
     read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather, isolate=not few)
 
     def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
@@ -430,9 +486,7 @@ def _sum_partials(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     XLA's own reduction keeps one order, and on the CPU it is the faster.
     """
     tree = functools.partial(_tree_sum, axes=axes)
-    reduction = functools.partial(jnp.sum, axis=axes)
-    summed: jax.Array = lax.platform_dependent(partials, cuda=tree, rocm=tree, default=reduction)
-    return summed
+    return _on_gpus((partials,), gpus=tree, default=functools.partial(jnp.sum, axis=axes))
 
 
 def _tree_sum(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
