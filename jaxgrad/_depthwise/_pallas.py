@@ -65,7 +65,7 @@ class _Launch:
     def call(
         self,
         kernel: Callable[..., None],
-        out_shape: jax.ShapeDtypeStruct,
+        out_shape: Any,  # a jax.ShapeDtypeStruct, or a tuple of them
         grid: tuple[int, ...],
         *args: jax.Array,
     ) -> jax.Array:
@@ -469,6 +469,29 @@ def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, An
     return index, (shifted >= 0) & (lax.rem(start, step) == 0) & (index < size)
 
 
+def _reached_gradients(
+    dy_ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    p: Any,
+    cols: Any,
+    di: Any,
+    dj: int,
+    out_lanes: list[jax.Array],
+    dtype: Any,
+) -> list[jax.Array]:
+    """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p`` and
+    columns ``cols``, one per list of output lanes. Rows and columns no output
+    reads through the tap are masked."""
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
+    j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
+    reached = row_reached & col_reached
+    return [_read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes]
+
+
 def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
     dtype = _checks.compute_dtype(dy_ref.dtype)
     m = conv.multiplier
@@ -484,23 +507,13 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     else:
         chans = _kernels.lanes(pl.program_id(1), launch.channels)
         out_lanes = [chans * m + q for q in range(m)]
-    (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
+    dh = conv.dilations[0]
     fh, fw = conv.kernel
     taps = _Taps(f_ref, launch, conv, out_lanes, dtype)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
     def gradients(p: Any, di: Any, dj: int) -> list[jax.Array]:
-        """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p``, one
-        per list of output lanes. Rows and columns no output reads through the tap
-        are masked."""
-        i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
-        j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
-        reached = row_reached & col_reached
-        return [
-            _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached)
-            for lanes in out_lanes
-        ]
+        return _reached_gradients(dy_ref, conv, launch, n, p, cols, di, dj, out_lanes, dtype)
 
     def add_tap(t: Any, tiles: list[jax.Array], total: jax.Array) -> jax.Array:
         for q, grad in enumerate(tiles):
@@ -575,6 +588,38 @@ def _tap_groups(conv: Conv) -> list[tuple[int, int]]:
     return [(top * fw, min(top + rows, fh) * fw) for top in range(0, fh, rows)]
 
 
+def _tap_window(
+    x_ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    i: Any,
+    cols: Any,
+    in_chans: Any,
+    t: int,
+    dtype: Any,
+) -> jax.Array:
+    """The input tile tap ``t`` (flat index ``di * fw + dj``) reads for output row
+    ``i`` and columns ``cols``, on the output's lanes. Past the last output row or
+    column it is masked: an infinite input there must not meet the zero the
+    output gradient reads there."""
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    di, dj = divmod(t, conv.kernel[1])
+    window = _read(
+        x_ref,
+        conv,
+        launch,
+        n,
+        i * sh - top + di * dh,
+        cols * sw - left + dj * dw,
+        in_chans,
+        dtype,
+        wanted=(i < conv.out_size[0]) & (cols < conv.out_size[1]),
+    )
+    return _on_output_lanes(window, conv)
+
+
 def _partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
@@ -585,8 +630,7 @@ def _partials_kernel(
     n, first = program // row_blocks, program % row_blocks * launch.rows
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
-    (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
+    sh, dh = conv.strides[0], conv.dilations[0]
     fw = conv.kernel[1]
     col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
     # Output row i + 1's filter row di reads the input row that filter row
@@ -598,29 +642,9 @@ def _partials_kernel(
             """What a row reads in column tile ``c``, by row: item 0 the output
             gradient's tile, item 1 + k the window of the group's tap start + k."""
             cols = _kernels.lanes(c, launch.cols)
-            cols_inside = cols < conv.out_size[1]
 
             def read_window(t: int) -> Callable[[Any], jax.Array]:
-                di, dj = divmod(t, fw)
-
-                def read_row(r: Any) -> jax.Array:
-                    # Past the last output row or column the window is masked: an
-                    # infinite input there must not meet dy's zero.
-                    row_inside = first + r < conv.out_size[0]
-                    window = _read(
-                        x_ref,
-                        conv,
-                        launch,
-                        n,
-                        (first + r) * sh - top + di * dh,
-                        cols * sw - left + dj * dw,
-                        in_chans,
-                        dtype,
-                        wanted=row_inside & cols_inside,
-                    )
-                    return _on_output_lanes(window, conv)
-
-                return read_row
+                return lambda r: _tap_window(x_ref, conv, launch, n, first + r, cols, in_chans, t, dtype)
 
             def read_gradient(r: Any) -> jax.Array:
                 return _read(dy_ref, conv, launch, n, first + r, cols, out_chans, dtype)
@@ -655,18 +679,29 @@ def _partials_kernel(
             sums = lax.fori_loop(0, col_tiles, rows_of_col_tile, zeros)
         else:
             sums = lax.fori_loop(0, launch.rows, col_tiles_of_row, zeros)
-        size = part_ref.shape[2]
-        lanes = launch.index(out_chans, size, store=True)
-        for t, total in zip(range(start, stop), sums, strict=True):
-            plgpu.store(
-                part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size
-            )
+        _store_partials(part_ref, launch, program, range(start, stop), out_chans, sums)
 
     if len(groups) == 1:
         group_partials(*groups[0])
         return
     for g, (start, stop) in enumerate(groups):
         lax.cond(group == g, functools.partial(group_partials, start, stop), lambda: None)
+
+
+def _store_partials(
+    part_ref: Any,
+    launch: _Launch,
+    program: Any,
+    taps: range,
+    out_chans: jax.Array,
+    sums: tuple[jax.Array, ...],
+) -> None:
+    """Writes a program's sums of ``taps``, each summed over its tile's columns, as
+    its partials ``[program, tap, channel]``."""
+    size = part_ref.shape[2]
+    lanes = launch.index(out_chans, size, store=True)
+    for t, total in zip(taps, sums, strict=True):
+        plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
 
 
 # The partials are added up in blocks of this many elements (16 KiB of float32:
@@ -735,12 +770,116 @@ def filter_gradient(
         x,
         dy,
     )
-    size = fh * fw * channels
+    return _sum_partials(partials, conv, launch, out_dtype)
+
+
+def _sum_partials(partials: jax.Array, conv: Conv, launch: _Launch, dtype: Any) -> jax.Array:
+    """The filter gradient, in ``dtype``, from the partials ``[programs, taps,
+    channels]`` of every program: the second, small kernel."""
+    programs, taps, channels = partials.shape
+    size = taps * channels
     block = _sum_block(size)
     summed = launch.call(
         functools.partial(_sum_kernel, block=block),
-        _struct((size,), out_dtype),
+        _struct((size,), dtype),
         (pl.cdiv(size, block[1]),),
         partials.reshape(programs, size),
     )
     return summed.reshape(conv.filter_shape)
+
+
+# --------------------------------------------------------------------------------------
+# Both gradients at once
+# --------------------------------------------------------------------------------------
+
+
+def fuses_gradients(conv: Conv) -> bool:
+    """Whether one kernel computes both gradients of ``conv``, reading the output
+    gradient from memory once instead of once per gradient.
+
+    Its programs are the filter gradient's, and each also writes the input
+    gradient of its own rows and columns. That takes input rows and columns that
+    are the output's (stride 1 and as many outputs as inputs, as SAME padding
+    gives), taps that one program sums at once, and one output channel per input
+    channel (multiplier 1), so that both gradients' tiles have the same lanes.
+    """
+    return (
+        conv.strides == (1, 1)
+        and conv.in_size == conv.out_size
+        and conv.multiplier == 1
+        and len(_tap_groups(conv)) == 1
+    )
+
+
+def _gradients_kernel(
+    x_ref: Any,
+    f_ref: Any,
+    dy_ref: Any,
+    dx_ref: Any,
+    part_ref: Any,
+    *,
+    conv: Conv,
+    launch: _Launch,
+) -> None:
+    """A program of the filter gradient's partials that writes the input gradient
+    of its rows too, tile by tile: the output-gradient tiles the input gradient
+    reads around a tile are then the ones the partials have just read, still in
+    the cache. Both sums are the separate kernels' sums, in their order."""
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
+    program = pl.program_id(0)
+    n, first = program // row_blocks, program % row_blocks * launch.rows
+    chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    fh, fw = conv.kernel
+    taps = _Taps(f_ref, launch, conv, [chans], dtype)
+    zeros = jnp.zeros((launch.cols, launch.channels), dtype)
+
+    def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        i, cols = first + r, _kernels.lanes(c, launch.cols)
+        grad = _read(dy_ref, conv, launch, n, i, cols, chans, dtype)
+        windows = [_tap_window(x_ref, conv, launch, n, i, cols, chans, t, dtype) for t in range(fh * fw)]
+        sums = tuple(total + window * grad for window, total in zip(windows, sums, strict=True))
+        dx = zeros
+        for t in range(fh * fw):
+            di, dj = divmod(t, fw)
+            (tile,) = _reached_gradients(dy_ref, conv, launch, n, i, cols, di, dj, [chans], dtype)
+            dx = dx + tile * taps(t, 0)[None, :]
+        _write(dx_ref, conv, launch, n, i, cols, chans, dx)
+        return sums
+
+    def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
+        return lax.fori_loop(0, col_tiles, functools.partial(col_tile, r), sums)  # type: ignore[no-any-return]
+
+    sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (fh * fw))
+    _store_partials(part_ref, launch, program, range(fh * fw), chans, sums)
+
+
+def gradients(
+    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool, dtype: Any = None
+) -> tuple[jax.Array, jax.Array]:
+    """The input gradient and the filter gradient (in ``dtype``, as
+    ``filter_gradient``): one kernel where ``fuses_gradients``, with the bits of
+    the two ops' kernels; else those kernels."""
+    out_dtype = x.dtype if dtype is None else dtype
+    launch = _launch(conv, interpret, "filter")
+    empty = _empty(conv, conv.filter_shape, out_dtype)
+    if not fuses_gradients(conv) or launch.reuse_rows or empty is not None:
+        return (
+            input_gradient(f, dy, conv, interpret=interpret),
+            filter_gradient(x, dy, conv, interpret=interpret, dtype=dtype),
+        )
+    fh, fw = conv.kernel
+    programs = _row_programs(conv, launch, "filter")
+    dx, partials = launch.call(
+        functools.partial(_gradients_kernel, conv=conv),
+        (
+            _struct(conv.input_shape, dy.dtype),
+            _struct((programs, fh * fw, conv.channels), _checks.compute_dtype(x.dtype)),
+        ),
+        _grid(conv, launch, "filter"),
+        x,
+        f.reshape(fh * fw, conv.channels),
+        dy,
+    )
+    return dx, _sum_partials(partials, conv, launch, out_dtype)
