@@ -60,12 +60,13 @@ def run(
     implementation: str | None,
     args: tuple[jax.Array, ...],
     *,
-    xla: Callable[..., jax.Array],
-    pallas: Callable[..., jax.Array],
+    xla: Callable[..., Any],
+    pallas: Callable[..., Any],
     pallas_available: bool,
     pallas_preferred: bool,
-) -> jax.Array:
-    """Computes an op with the chosen implementation.
+) -> Any:
+    """Computes an op with the chosen implementation: its result, an array or a
+    tuple of arrays, as ``xla`` and ``pallas`` return it.
 
     Args:
       op: the public op's name, for error messages.
@@ -83,7 +84,7 @@ def run(
     if implementation is None:
         if not (pallas_available and pallas_preferred and _has_cuda()):
             return xla(*args)
-        chosen: jax.Array = lax.platform_dependent(*args, cuda=compiled, default=xla)
+        chosen = lax.platform_dependent(*args, cuda=compiled, default=xla)
         return chosen
     if not pallas_available:
         raise ValueError(
@@ -98,5 +99,5 @@ def run(
             f"(interpreted), not on {platform!r}; use implementation=None or 'xla'"
         )
     interpreted = lambda *a: pallas(*a, interpret=True)  # noqa: E731
-    kernels: jax.Array = lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
+    kernels = lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
     return kernels

@@ -350,6 +350,146 @@ def test_a_small_filter_sums_more_partials_a_block():
 
 
 # ----------------------------------------------------------------------------------
+# One kernel for both gradients
+# ----------------------------------------------------------------------------------
+
+
+def configured(cfg, data_format):
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    x_shape = cfg["x_shape"] if data_format == "NHWC" else to_nchw_shape(cfg["x_shape"])
+    return _plan.configure(
+        "test",
+        x_shape,
+        cfg["f_shape"],
+        strides,
+        padding,
+        data_format,
+        kw["dilations"],
+        kw.get("explicit_paddings", ()),
+    )
+
+
+def to_nchw_shape(shape):
+    n, h, w, c = shape
+    return (n, c, h, w)
+
+
+# Where the input gradient's rows and columns are the output's, stride 1: SAME, with
+# an even filter (the odd padding pixel after), dilated, and explicit padding of
+# the filter's reach.
+FUSED = [
+    ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
+    ((1, 7, 10, 5), (4, 2, 5, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
+    ((2, 6, 9, 2), (3, 3, 2, 1), (1, 1), (2, 1), "SAME", ((0, 0), (0, 0))),
+    ((1, 8, 7, 3), (2, 3, 3, 1), (1, 1), (1, 1), "EXPLICIT", ((0, 1), (2, 0))),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "fuses"),
+    [
+        (FUSED[0], True),
+        (FUSED[3], True),
+        (((1, 8, 8, 3), (4, 4, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), True),  # 16 taps
+        (((1, 8, 8, 3), (5, 4, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # 20 taps
+        (((1, 8, 8, 3), (3, 3, 3, 1), (2, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # stride
+        (((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "VALID", ((0, 0),) * 2), False),  # fewer
+        (((1, 8, 8, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # M = 2
+    ],
+)
+def test_one_kernel_computes_both_gradients_where_their_tiles_agree(shape, fuses):
+    assert _pallas.fuses_gradients(configured(make_cfg(*shape), "NHWC")) == fuses
+
+
+def fused_grid():
+    """(case, layout, dtype, many rows): each case and layout in float64 (against
+    the reference too) and in one of the types training runs in, by turns, with one
+    row a program and many, by turns."""
+    lower = (jnp.float32, jnp.bfloat16, jnp.float16)
+    for case in range(len(FUSED)):
+        for i, data_format in enumerate(("NHWC", "NCHW")):
+            for j, dtype in enumerate((jnp.float64, lower[(2 * case + i) % 3])):
+                many_rows = (case + i + j) % 2 == 1
+                name = f"{case}-{data_format}-{dtype.__name__}-{'many' if many_rows else 'one'}"
+                yield pytest.param(case, data_format, dtype, many_rows, id=name)
+
+
+@pytest.mark.parametrize(("case", "data_format", "dtype", "many_rows"), list(fused_grid()))
+def test_both_gradients_in_one_kernel_have_the_two_kernels_bits(
+    case, data_format, dtype, many_rows, monkeypatch
+):
+    # The forward op's backward computes both gradients in one kernel where it can:
+    # the same sums in the same order as the two public ops' kernels, so the same
+    # bits. Many rows a program: the row loop runs, its last block cut short.
+    if many_rows:
+        monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)
+    cfg = make_cfg(*FUSED[case])
+    (x, f, dy), exact = operands(cfg, data_format, dtype, seed=case)
+    ops = three_ops(cfg, data_format, implementation="pallas")
+    fused, original = [], _pallas._gradients_kernel
+
+    def spy(*refs, **kw):
+        fused.append(kw["conv"])
+        return original(*refs, **kw)
+
+    monkeypatch.setattr(_pallas, "_gradients_kernel", spy)
+    jax.clear_caches()  # trace anew: under the spy, and with the rows asked for
+    gx, gf = jax.jit(lambda x, f, dy: jax.vjp(ops["forward"], x, f)[1](dy))(x, f, dy)
+    assert fused, "the backward did not take the one kernel"
+    assert (_pallas._launch(fused[0], True, "filter").rows > 1) == many_rows
+    np.testing.assert_array_equal(gx, ops["backprop_input"](f, dy))
+    np.testing.assert_array_equal(gf, ops["backprop_filter"](x, dy))
+    if dtype == jnp.float64:
+        want = references(cfg, *exact)
+        back = from_nchw if data_format == "NCHW" else (lambda a: a)
+        np.testing.assert_allclose(back(gx), want["backprop_input"], rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(gf, want["backprop_filter"], rtol=1e-10, atol=1e-10)
+
+
+def test_both_gradients_in_one_kernel_check_grads():
+    # Their VJP is the two gradient ops' VJPs added; checked to second order.
+    cfg = make_cfg((1, 5, 4, 2), (3, 2, 2, 1), (1, 1), (1, 1), "SAME")
+    assert _pallas.fuses_gradients(configured(cfg, "NHWC"))
+    (x, f, _), _ = operands(cfg, "NHWC", jnp.float64)
+    forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
+    check_grads(jax.jit(forward), (x, f), order=2, modes=["rev"])
+
+
+@pytest.mark.parametrize(
+    ("wanted", "rules"),
+    [
+        ("dx", ["_backprop_filter", "_conv"]),
+        ("df", ["_backprop_input", "_conv"]),
+        ("both", ["_backprop_filter", "_conv", "_backprop_input", "_conv"]),
+    ],
+)
+def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rules, monkeypatch):
+    # Differentiated through the input gradient alone (a penalty on dx), the
+    # backward's VJP gets a symbolic zero for the filter gradient's cotangent and
+    # computes only the input gradient's rules: the ops its VJP is made of.
+    from jaxgrad._depthwise import _ops
+
+    cfg = make_cfg(*FUSED[0])
+    (x, f, dy), _ = operands(cfg, "NHWC", jnp.float32)
+    forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
+    calls = []
+    for name in ("_conv", "_backprop_input", "_backprop_filter"):
+        original = getattr(_ops, name)
+        monkeypatch.setattr(_ops, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    jax.clear_caches()  # trace the backward anew, under the spies
+
+    def penalty(x, f):
+        gx, gf = jax.vjp(forward, x, f)[1](dy)
+        picked = {"dx": (gx,), "df": (gf,), "both": (gx, gf)}[wanted]
+        return sum(jnp.sum(g**2) for g in picked)
+
+    jax.grad(penalty, (0, 1))(x, f)
+    # The forward's own calls of _conv come first; then the backward's VJP rules.
+    first_rule = next(i for i, name in enumerate(calls) if name != "_conv")
+    assert calls[first_rule:] == rules
+
+
+# ----------------------------------------------------------------------------------
 # Choosing the implementation
 # ----------------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
 from jaxgrad import _checks, _implementation, _sharding
@@ -314,19 +316,21 @@ def _run(
     impl: str | None,
     conv: Conv,
     roles: tuple[str, str],
-    xla: Callable[..., jax.Array],
-    pallas: Callable[..., jax.Array],
+    xla: Callable[..., Any],
+    pallas: Callable[..., Any],
     *args: jax.Array,
-) -> jax.Array:
+) -> Any:
     """``op``'s arithmetic on ``args``, from the implementation ``impl`` chooses.
 
-    ``roles`` names the operands and the result (``"xf", "y"``: input and filter
-    to output). Under explicit sharding they are laid out as
+    ``roles`` names the operands and the results (``"xf", "y"``: input and filter
+    to output; ``"xfy", "xf"``: input, filter and output gradient to the two
+    gradients, a tuple). Under explicit sharding they are laid out as
     ``_partition.explicit_specs`` says, whichever implementation computes.
     """
-    specs = _partition.explicit_specs(conv, *roles, args)
+    operands, results = roles
+    specs = _partition.explicit_specs(conv, operands, results, args)
     if specs is not None:
-        *arg_specs, _ = specs
+        arg_specs = specs[: len(operands)]
         args = tuple(_sharding.reshard(a, s) for a, s in zip(args, arg_specs, strict=True))
     result = _implementation.run(
         op,
@@ -337,7 +341,12 @@ def _run(
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(conv, args[0].dtype),
     )
-    return result if specs is None else _sharding.reshard(result, specs[-1])
+    if specs is None:
+        return result
+    if len(results) == 1:
+        return _sharding.reshard(result, specs[-1])
+    out_specs = specs[len(operands) :]
+    return tuple(_sharding.reshard(r, s) for r, s in zip(result, out_specs, strict=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -348,7 +357,9 @@ def _run(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run("depthwise_conv2d", impl, conv, ("xf", "y"), _xla.forward, _partition.forward, x, f)
+    return _run(  # type: ignore[no-any-return]
+        "depthwise_conv2d", impl, conv, ("xf", "y"), _xla.forward, _partition.forward, x, f
+    )
 
 
 def _conv_fwd(
@@ -361,16 +372,76 @@ def _conv_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], g: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, f = residuals
-    dx, df = _backprop_input(f, g, conv, impl), _backprop_filter(x, g, conv, impl)
+    dx, df = _backprops(x, f, g, conv, impl)
     return _sharding.like(dx, x), _sharding.like(df, f)
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _backprops(
+    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
+) -> tuple[jax.Array, jax.Array]:
+    """``(_backprop_input(f, dy), _backprop_filter(x, dy))``, the same values, in
+    one call: an implementation may compute both at once (the kernels then read
+    ``dy`` from memory once)."""
+    return _run(  # type: ignore[no-any-return]
+        "depthwise_conv2d",
+        impl,
+        conv,
+        ("xfy", "xf"),
+        _xla_backprops,
+        _partition.gradients,
+        x,
+        f,
+        dy,
+    )
+
+
+def _xla_backprops(
+    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv
+) -> tuple[jax.Array, jax.Array]:
+    return _xla.input_gradient(f, dy, conv), _xla.filter_gradient(x, dy, conv)
+
+
+def _backprops_fwd(
+    x: Any, f: Any, dy: Any, conv: Conv, impl: str | None
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
+    primals = x.value, f.value, dy.value  # wrapped, with symbolic zeros
+    return _backprops(*primals, conv, impl), primals
+
+
+def _backprops_bwd(
+    conv: Conv,
+    impl: str | None,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    cotangents: tuple[Any, Any],
+) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
+    """The backward rules of ``_backprop_input`` and ``_backprop_filter``, added.
+    A symbolic-zero cotangent adds nothing (None: no cotangent), so that a
+    derivative through one of the two gradients costs what it did through that
+    op alone."""
+    x, f, dy = residuals
+    c_dx, c_df = (None if isinstance(c, SymbolicZero) else c for c in cotangents)
+    cx = cf = cdy = None
+    if c_dx is not None:  # dx = _backprop_input(f, dy)
+        cf, cdy = _backprop_filter(c_dx, dy, conv, impl), _conv(c_dx, f, conv, impl)
+    if c_df is not None:  # df = _backprop_filter(x, dy)
+        cx, from_df = _backprop_input(c_df, dy, conv, impl), _conv(x, c_df, conv, impl)
+        cdy = from_df if cdy is None else cdy + from_df
+    return tuple(  # type: ignore[return-value]
+        None if c is None else _sharding.like(c, primal)
+        for c, primal in zip((cx, cf, cdy), residuals, strict=True)
+    )
+
+
+_backprops.defvjp(_backprops_fwd, _backprops_bwd, symbolic_zeros=True)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run(
+    return _run(  # type: ignore[no-any-return]
         "depthwise_conv2d_backprop_input",
         impl,
         conv,
@@ -401,7 +472,7 @@ _backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run(
+    return _run(  # type: ignore[no-any-return]
         "depthwise_conv2d_backprop_filter",
         impl,
         conv,

@@ -489,7 +489,9 @@ def _reached_gradients(
     i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
     j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
     reached = row_reached & col_reached
-    return [_read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes]
+    return [
+        _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes
+    ]
 
 
 def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
@@ -644,7 +646,9 @@ def _partials_kernel(
             cols = _kernels.lanes(c, launch.cols)
 
             def read_window(t: int) -> Callable[[Any], jax.Array]:
-                return lambda r: _tap_window(x_ref, conv, launch, n, first + r, cols, in_chans, t, dtype)
+                return lambda r: _tap_window(
+                    x_ref, conv, launch, n, first + r, cols, in_chans, t, dtype
+                )
 
             def read_gradient(r: Any) -> jax.Array:
                 return _read(dy_ref, conv, launch, n, first + r, cols, out_chans, dtype)
@@ -837,8 +841,10 @@ def _gradients_kernel(
     def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         i, cols = first + r, _kernels.lanes(c, launch.cols)
         grad = _read(dy_ref, conv, launch, n, i, cols, chans, dtype)
-        windows = [_tap_window(x_ref, conv, launch, n, i, cols, chans, t, dtype) for t in range(fh * fw)]
-        sums = tuple(total + window * grad for window, total in zip(windows, sums, strict=True))
+        sums = tuple(
+            total + _tap_window(x_ref, conv, launch, n, i, cols, chans, t, dtype) * grad
+            for t, total in enumerate(sums)
+        )
         dx = zeros
         for t in range(fh * fw):
             di, dj = divmod(t, fw)

@@ -33,7 +33,7 @@ from jaxgrad import _checks, _sharding
 from jaxgrad._depthwise import _pallas
 from jaxgrad._depthwise._plan import Conv
 
-Kernel = Callable[..., jax.Array]
+Kernel = Callable[..., Any]  # an array, or a tuple of them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _split(conv: Conv, mesh: Any, sharding: Any) -> _Split:
     return _Split(batch, channels)
 
 
-def _rule(conv: Conv, operands: str, result: str) -> tuple[str, dict[str, Any]]:
+def _rule(conv: Conv, operands: str, results: str) -> tuple[str, dict[str, Any]]:
     """The Shardy rule: batch ``n`` and channels ``c`` may be sharded; every
     spatial factor and the multiplier stay whole."""
     x = "n c h w" if conv.nchw else "n h w c"
@@ -92,12 +92,12 @@ def _rule(conv: Conv, operands: str, result: str) -> tuple[str, dict[str, Any]]:
     if conv.multiplier == 1:
         y = y.replace("(c m)", "c")
     names = {"x": x, "y": y, "f": "i j c m"}
-    rule = ", ".join(names[o] for o in operands) + " -> " + names[result]
+    rule = ", ".join(names[o] for o in operands) + " -> " + ", ".join(names[r] for r in results)
     # Shardy numbers the factors in order of first use and wants them so listed.
     factors = list(dict.fromkeys(re.findall(r"\w+", rule)))
     whole = tuple(f for f in factors if f in "hwpqijm")
     extra: dict[str, Any] = {"need_replication_factors": whole}
-    if "n" not in names[result]:
+    if not any("n" in names[r] for r in results):
         extra["reduction_factors"] = ("n",)
     return rule, extra
 
@@ -121,9 +121,9 @@ def _typed_split(conv: Conv, operands: str, args: tuple[jax.Array, ...]) -> Any:
     return mesh, _split(conv, mesh, jax.typeof(args[_lead(operands)]).sharding)
 
 
-def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array, ...]) -> Any:
-    """Under JAX's explicit sharding, the shardings the operands and the result
-    take (``PartitionSpec``s, in the order of ``operands + result``); ``None``
+def explicit_specs(conv: Conv, operands: str, results: str, args: tuple[jax.Array, ...]) -> Any:
+    """Under JAX's explicit sharding, the shardings the operands and the results
+    take (``PartitionSpec``s, in the order of ``operands + results``); ``None``
     under automatic sharding.
 
     Batch and channels keep the cuts of the first activation's type where they
@@ -137,64 +137,80 @@ def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array
     if typed is None:
         return None
     mesh, split = typed
-    *operand_specs, result_spec = _specs(split, conv, operands + result)
-    if result == "f":
-        return [*operand_specs, result_spec]
     lead = tuple(jax.typeof(args[_lead(operands)]).sharding.spec) + (None,) * 4
     spatial = (2, 3) if conv.nchw else (1, 2)
-    parts = [lead[d] if d in spatial else part for d, part in enumerate(result_spec)]
-    shape = conv.input_shape if result == "x" else conv.output_shape
-    return [*operand_specs, P(*_sharding.cuts_that_divide(parts, shape, mesh))]
+
+    def result_spec(role: str) -> Any:
+        (spec,) = _specs(split, conv, role)
+        if role == "f":
+            return spec
+        parts = [lead[d] if d in spatial else part for d, part in enumerate(spec)]
+        shape = conv.input_shape if role == "x" else conv.output_shape
+        return P(*_sharding.cuts_that_divide(parts, shape, mesh))
+
+    return [*_specs(split, conv, operands), *map(result_spec, results)]
 
 
 def _per_device(
-    kernel: Kernel, conv: Conv, split: _Split, mesh: Any, result: str, interpret: bool
-) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    kernel: Kernel, conv: Conv, split: _Split, mesh: Any, results: str, interpret: bool
+) -> Kernel:
     """The kernel on one device's shards of arrays cut by ``split``."""
     local = split.local(conv, mesh)
-    if not (result == "f" and split.batch):
-        return lambda a, b: kernel(a, b, local, interpret=interpret)
+    if not ("f" in results and split.batch):
+        return lambda *args: kernel(*args, local, interpret=interpret)
 
-    def summed(a: jax.Array, b: jax.Array) -> jax.Array:
-        # Each device's float32 sum, then one all-reduce, then one rounding.
-        sums = kernel(a, b, local, interpret=interpret, dtype=_checks.compute_dtype(a.dtype))
-        total: jax.Array = lax.psum(sums, split.batch)  # type: ignore[no-untyped-call]
-        return total.astype(a.dtype)
+    def summed(*args: jax.Array) -> Any:
+        # The filter gradient: each device's float32 sum, then one all-reduce,
+        # then one rounding (to the input's dtype, the first operand's).
+        dtype = args[0].dtype
+        out = kernel(*args, local, interpret=interpret, dtype=_checks.compute_dtype(dtype))
+        outs = (out,) if len(results) == 1 else out
+        reduced = [
+            lax.psum(out, split.batch).astype(dtype) if role == "f" else out  # type: ignore[no-untyped-call]
+            for role, out in zip(results, outs, strict=True)
+        ]
+        return reduced[0] if len(results) == 1 else tuple(reduced)
 
     return summed
 
 
-def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
-    """``kernel(a, b, conv, interpret)`` under ``custom_partitioning``: XLA's
+def _partitioned(kernel: Kernel, operands: str, results: str) -> Any:
+    """``kernel(*args, conv, interpret)`` under ``custom_partitioning``: XLA's
     partitioner (automatic sharding) runs it on each device's shards."""
     lead = _lead(operands)
+
+    def shardings(split: _Split, conv: Conv, mesh: Any, roles: str) -> Any:
+        named = tuple(NamedSharding(mesh, spec) for spec in _specs(split, conv, roles))
+        return named[0] if len(roles) == 1 else named
 
     def partition(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any):  # type: ignore[no-untyped-def]
         del result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        specs = _specs(split, conv, operands + result)
-        *arg_shardings, out_sharding = (NamedSharding(mesh, spec) for spec in specs)
-        lower = _per_device(kernel, conv, split, mesh, result, interpret)
-        return mesh, lower, out_sharding, tuple(arg_shardings)
+        arg_shardings = tuple(NamedSharding(mesh, s) for s in _specs(split, conv, operands))
+        lower = _per_device(kernel, conv, split, mesh, results, interpret)
+        return mesh, lower, shardings(split, conv, mesh, results), arg_shardings
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         del interpret, result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        return NamedSharding(mesh, split.filter() if result == "f" else split.activation(conv))
+        return shardings(split, conv, mesh, results)
 
-    @functools.partial(custom_partitioning, static_argnums=(2, 3))
-    def call(a: jax.Array, b: jax.Array, conv: Conv, interpret: bool) -> jax.Array:
-        return kernel(a, b, conv, interpret=interpret)
+    static = (len(operands), len(operands) + 1)
+
+    @functools.partial(custom_partitioning, static_argnums=static)
+    def call(*args: Any) -> Any:
+        *arrays, conv, interpret = args
+        return kernel(*arrays, conv, interpret=interpret)
 
     call.def_partition(  # type: ignore[no-untyped-call]
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=lambda conv, interpret, mesh, args, results: _rule(conv, operands, result),
+        sharding_rule=lambda conv, interpret, mesh, args, outs: _rule(conv, operands, results),
     )
     return call
 
 
-def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
+def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
     """``kernel`` for every way JAX may call it.
 
     - Explicit sharding: ``shard_map`` over the arrays' types, laid out by
@@ -203,28 +219,30 @@ def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
     - ``vmap``: ``custom_partitioning`` has no batching rule, so ``custom_vmap``
       batches the kernel through ``pallas_call``'s own rule.
     """
-    call = _partitioned(kernel, operands, result)
+    call = _partitioned(kernel, operands, results)
 
-    def run(a: jax.Array, b: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
-        typed = _typed_split(conv, operands, (a, b))
+    def run(*args: jax.Array, conv: Conv, interpret: bool) -> Any:
+        typed = _typed_split(conv, operands, args)
         if typed is not None:
             mesh, split = typed
-            per_device = _per_device(kernel, conv, split, mesh, result, interpret)
-            *in_specs, out_spec = _specs(split, conv, operands + result)
-            return _sharding.per_shard(per_device, mesh, in_specs, out_spec, a, b)
+            per_device = _per_device(kernel, conv, split, mesh, results, interpret)
+            in_specs, out_specs = _specs(split, conv, operands), _specs(split, conv, results)
+            out_spec = out_specs[0] if len(results) == 1 else tuple(out_specs)
+            return _sharding.per_shard(per_device, mesh, in_specs, out_spec, *args)
 
         @jax.custom_batching.custom_vmap
-        def once(a: jax.Array, b: jax.Array) -> jax.Array:
-            return call(a, b, conv, interpret)  # type: ignore[no-any-return]
+        def once(*args: jax.Array) -> Any:
+            return call(*args, conv, interpret)
 
         @once.def_vmap
-        def _(axis_size: int, in_batched: list[bool], a: jax.Array, b: jax.Array) -> Any:
+        def _(axis_size: int, in_batched: list[bool], *args: jax.Array) -> Any:
             del axis_size
             axes = tuple(0 if batched else None for batched in in_batched)
             each = functools.partial(kernel, conv=conv, interpret=interpret)
-            return jax.vmap(each, in_axes=axes)(a, b), True
+            out_batched = True if len(results) == 1 else (True,) * len(results)
+            return jax.vmap(each, in_axes=axes)(*args), out_batched
 
-        return once(a, b)  # type: ignore[no-any-return]
+        return once(*args)
 
     return run
 
@@ -232,3 +250,4 @@ def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
 forward = _wrapped(_pallas.forward, "xf", "y")
 input_gradient = _wrapped(_pallas.input_gradient, "fy", "x")
 filter_gradient = _wrapped(_pallas.filter_gradient, "xy", "f")
+gradients = _wrapped(_pallas.gradients, "xfy", "xf")
