@@ -446,6 +446,26 @@ def test_both_gradients_in_one_kernel_have_the_two_kernels_bits(
         np.testing.assert_allclose(gf, want["backprop_filter"], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    ("wrt", "kernels"),
+    [
+        ((0, 1), {"_gradients_kernel", "_sum_kernel"}),
+        ((0,), {"_input_kernel"}),  # the filter is fixed: no filter gradient
+        ((1,), {"_partials_kernel", "_sum_kernel"}),  # the input is data: no input gradient
+    ],
+)
+def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
+    # A kernel that computes both gradients cannot be cut in half where one of them
+    # goes unused, as an unused op is dropped: the backward takes it only where
+    # both operands are differentiated.
+    cfg = make_cfg(*FUSED[0])
+    (x, f, _), _ = operands(cfg, "NHWC", jnp.float32)
+    forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
+    grad = jax.grad(lambda x, f: jnp.sum(forward(x, f) ** 2), wrt)
+    text = lowered_text(grad, x, f, platform="cuda")
+    assert set(re.findall(r"_[a-z]+_kernel\b", text)) == {"_forward_kernel", *kernels}
+
+
 def test_both_gradients_in_one_kernel_check_grads():
     # Their VJP is the two gradient ops' VJPs added; checked to second order.
     cfg = make_cfg((1, 5, 4, 2), (3, 2, 2, 1), (1, 1), (1, 1), "SAME")
@@ -576,8 +596,16 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     cfg = make_cfg(*LOWERING_CASES[case])
     (x, f, dy), _ = operands(cfg, data_format, dtype)
     ops = three_ops(cfg, data_format, implementation="pallas")
-    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
-    kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2}
+    # The forward op's backward: both gradients in one kernel, and the partials' sum.
+    ops["backward"] = lambda x, f, dy: jax.vjp(ops["forward"], x, f)[1](dy)
+    args = {
+        "forward": (x, f),
+        "backprop_input": (f, dy),
+        "backprop_filter": (x, dy),
+        "backward": (x, f, dy),
+    }
+    fused = _pallas.fuses_gradients(configured(cfg, data_format))
+    kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2, "backward": 3 - fused}
     for name, fn in ops.items():
         text = lowered_text(fn, *args[name], platform="cuda")
         assert text.count(TRITON_CALL) == kernels[name], name

@@ -9,6 +9,7 @@ This module holds what the ops mean: the public functions, their argument checks
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -362,21 +363,42 @@ def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array
     )
 
 
-def _conv_fwd(
-    x: jax.Array, f: jax.Array, conv: Conv, impl: str | None
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _conv(x, f, conv, impl), (x, f)
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "f"], meta_fields=["wanted"])
+@dataclasses.dataclass(frozen=True)
+class _Saved:
+    """What the forward op's backward needs: its operands, and which of them are
+    differentiated (a static field: no array)."""
+
+    x: jax.Array
+    f: jax.Array
+    wanted: tuple[bool, bool]  # the input's gradient, the filter's
+
+
+def _conv_fwd(x: Any, f: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
+    # With symbolic zeros, the operands come wrapped with whether they are perturbed.
+    saved = _Saved(x.value, f.value, (x.perturbed, f.perturbed))
+    return _conv(saved.x, saved.f, conv, impl), saved
 
 
 def _conv_bwd(
-    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], g: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    x, f = residuals
-    dx, df = _backprops(x, f, g, conv, impl)
-    return _sharding.like(dx, x), _sharding.like(df, f)
+    conv: Conv, impl: str | None, saved: _Saved, g: Any
+) -> tuple[jax.Array | None, jax.Array | None]:
+    """Both gradients in one call where both are wanted (one kernel may compute
+    them), else the one wanted: a kernel computing both cannot be cut in half
+    where the other goes unused, as an unused op is dropped."""
+    x, f = saved.x, saved.f
+    if isinstance(g, SymbolicZero):
+        return None, None
+    wants_dx, wants_df = saved.wanted
+    if wants_dx and wants_df:
+        dx, df = _backprops(x, f, g, conv, impl)
+        return _sharding.like(dx, x), _sharding.like(df, f)
+    if wants_dx:
+        return _sharding.like(_backprop_input(f, g, conv, impl), x), None
+    return None, _sharding.like(_backprop_filter(x, g, conv, impl), f)
 
 
-_conv.defvjp(_conv_fwd, _conv_bwd)
+_conv.defvjp(_conv_fwd, _conv_bwd, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
