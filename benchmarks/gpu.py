@@ -12,9 +12,12 @@ One command, under 8 minutes on an H100. It prints (and writes as JSON):
    ||got - want|| / ||want||.
 3. Reproducibility: tests/determinism_check.py --size large in three fresh
    processes, compared digest by digest (every op of every family).
-4. Speed of each depthwise op: jaxgrad (default, "xla", "pallas"), lax and its
-   VJPs (cuDNN), PyTorch CUDA (the faster of NCHW and channels_last), against the
-   copy roofline: the bytes the op must read and write over a measured device copy.
+4. Speed of each depthwise op, and of the forward op's backward (both gradients
+   at once): jaxgrad (default, "xla", "pallas"), lax and its VJPs (cuDNN), PyTorch
+   CUDA (the faster of NCHW and channels_last), against the copy roofline: the
+   bytes the op must read and write over a measured device copy. The backward
+   also times the kernels with one kernel per gradient ("pallas, two kernels"),
+   where the default computes both in one.
 5. Speed of resample and its gradient: jaxgrad (default, "xla", "pallas"),
    ``jax.image.resize`` and its VJP, PyTorch CUDA's ``interpolate`` and its
    backward (in the layout's memory format), against the copy roofline.
@@ -40,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +65,8 @@ CASES = [
 LAYOUTS = ["NHWC", "NCHW"]
 DTYPES = ["bfloat16", "float32"]  # timed
 CHECKED_DTYPES = [*DTYPES, "float16"]  # checked against float64
-OPS = ("forward", "backprop_input", "backprop_filter")
+# The three ops, and the forward op's backward: both gradients, as jax.grad computes them.
+OPS = ("forward", "backprop_input", "backprop_filter", "backward")
 IMPLEMENTATIONS = {"default": None, "xla": "xla", "pallas": "pallas"}
 RESAMPLE_LAYOUTS = {
     # layout: (shape, resampled axes)
@@ -151,7 +156,24 @@ def jaxgrad_ops(fmt: str, x_shape: tuple, f_shape: tuple, stride: int, impl: str
         "backprop_filter": jax.jit(
             lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(x, f_shape, dy, s, "SAME", **kw)
         ),
+        "backward": jax.jit(
+            lambda x, f, dy: jax.vjp(
+                lambda x, f: jaxgrad.depthwise_conv2d(x, f, s, "SAME", **kw), x, f
+            )[1](dy)
+        ),
     }
+
+
+def with_two_kernels(fn: Callable, *args: Any) -> Callable[[], Any]:
+    """``fn(*args)`` compiled with one kernel for each gradient where the kernels
+    would compute both in one: the comparison that says whether the one kernel pays."""
+    from jaxgrad._depthwise import _pallas
+
+    jax.clear_caches()  # trace the backward anew, under the patch
+    with mock.patch.object(_pallas, "fuses_gradients", lambda conv: False):
+        compiled = fn.lower(*args).compile()
+    jax.clear_caches()
+    return partial(compiled, *args)
 
 
 def lax_ops(fmt: str, c: int, m: int, stride: int) -> dict:
@@ -166,6 +188,7 @@ def lax_ops(fmt: str, c: int, m: int, stride: int) -> dict:
         "forward": jax.jit(conv),
         "backprop_input": jax.jit(lambda x, f, dy: jax.vjp(lambda x: conv(x, f), x)[1](dy)[0]),
         "backprop_filter": jax.jit(lambda x, f, dy: jax.vjp(lambda f: conv(x, f), f)[1](dy)[0]),
+        "backward": jax.jit(lambda x, f, dy: jax.vjp(conv, x, f)[1](dy)),
     }
 
 
@@ -194,6 +217,7 @@ def torch_ops(torch: Any, x: np.ndarray, f: np.ndarray, dy: np.ndarray, stride: 
             "forward": partial(conv2d, tx, tw, None, stride, pad, 1, c),
             "backprop_input": partial(aten.convolution_backward, *args, [True, False, False]),
             "backprop_filter": partial(aten.convolution_backward, *args, [False, True, False]),
+            "backward": partial(aten.convolution_backward, *args, [True, True, False]),
         }
     return out
 
@@ -262,6 +286,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     for k, v, a in _named(
                         jaxgrad_ops("NHWC", xr.shape, fr.shape, stride, "xla"), xr, fr, dyr
                     )
+                    if k != "backward"  # checked against the two gradient ops
                 }
             for fmt in LAYOUTS:
                 to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
@@ -275,31 +300,43 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     impl = IMPLEMENTATIONS[label]
                     ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
                     for op, fn, args in _named(ops, xj, fj, dyj):
-                        err = relative_error(
-                            partial(fn, *args),
-                            ref[op],
-                            np.asarray if op == "backprop_filter" else back,
-                        )
-                        rows.append(
-                            dict(
-                                case=name,
-                                layout=fmt,
-                                dtype=dtype,
-                                impl=label,
-                                op=op,
-                                error=err,
+                        for checked, call, ref_op, layout in _checked(op, fn, args, back):
+                            err = relative_error(call, ref[ref_op], layout)
+                            rows.append(
+                                dict(
+                                    case=name,
+                                    layout=fmt,
+                                    dtype=dtype,
+                                    impl=label,
+                                    op=checked,
+                                    error=err,
+                                )
                             )
-                        )
-                        print(
-                            f"  {name:<28} {fmt} {dtype:<9} {label:<8} {op:<16} {err:.2e}",
-                            flush=True,
-                        )
+                            print(
+                                f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
+                                flush=True,
+                            )
     return rows
 
 
 def _named(ops: dict, x: Any, f: Any, dy: Any):
-    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
+    args = {
+        "forward": (x, f),
+        "backprop_input": (f, dy),
+        "backprop_filter": (x, dy),
+        "backward": (x, f, dy),
+    }
     return [(op, ops[op], args[op]) for op in OPS]
+
+
+def _checked(op: str, fn: Callable, args: tuple, back: Callable) -> Iterator[tuple]:
+    """(name, call, reference op, layout back to NHWC) of each result ``op`` gives:
+    the backward's two gradients are checked one by one."""
+    if op != "backward":
+        yield op, partial(fn, *args), op, np.asarray if op == "backprop_filter" else back
+        return
+    yield "backward: input", lambda: fn(*args)[0], "backprop_input", back
+    yield "backward: filter", lambda: fn(*args)[1], "backprop_filter", np.asarray
 
 
 def determinism(processes: int = 3) -> dict:
@@ -347,6 +384,7 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     "forward": nbytes(xj, fj, dyj),
                     "backprop_input": nbytes(fj, dyj, xj),
                     "backprop_filter": nbytes(xj, dyj, fj),
+                    "backward": nbytes(xj, fj, dyj, xj, fj),
                 }
                 for op in OPS:
                     calls = {}
@@ -354,6 +392,8 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         ours = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
                         ((_, fn, args),) = [t for t in _named(ours, xj, fj, dyj) if t[0] == op]
                         calls[f"jaxgrad {label}"] = partial(fn, *args)
+                        if op == "backward" and label == "pallas":
+                            calls["jaxgrad pallas, two kernels"] = with_two_kernels(fn, *args)
                     lax_args = (xj, fj) if op == "forward" else (xj, fj, dyj)
                     calls["lax"] = partial(peer[op], *lax_args)
                     for memory, ops in theirs.items():
@@ -589,10 +629,13 @@ def render(results: dict) -> str:
         ]
         for r in results["speed"]:
             torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
+            pallas = f"{r['jaxgrad pallas']:.3f}"
+            if "jaxgrad pallas, two kernels" in r:
+                pallas += f" (two kernels {r['jaxgrad pallas, two kernels']:.3f})"
             lines.append(
                 f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
                 f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} "
-                f"| {r['jaxgrad pallas']:.3f} | {r['lax']:.3f} | {torch_ms} "
+                f"| {pallas} | {r['lax']:.3f} | {torch_ms} "
                 f"| {r['default_over_best_peer']:.2f} "
                 f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
             )

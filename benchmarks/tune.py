@@ -16,7 +16,9 @@ its registers; then the rows (a quarter to four times). A coordinate search: abo
 30 compiles per op instead of every combination's 135 (270 with the rows kept or
 not). Every case of both families is well over two thousand compiles, so pick
 cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops
-backprop_filter``).
+backprop_filter``). The depthwise ``backward`` is the forward op's backward, both
+gradients, which one kernel computes where it can: that kernel's programs are the
+filter gradient's, and so is its launch.
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter
@@ -186,9 +188,10 @@ CASES = {"depthwise": depthwise_cases, "resample": resample_cases}
 
 def compiled(
     module: Any, fn: Callable, args: tuple, fields: dict[str, int] | None = None
-) -> tuple[Callable[[], Any], np.ndarray, dict[str, int]]:
+) -> tuple[Callable[[], Any], list[np.ndarray], dict[str, int]]:
     """``fn`` jitted and compiled with the launch ``fields`` (default: jaxgrad's), as
-    a call; its result; and the launch its first kernel was given."""
+    a call; its results (one array, or the backward's two gradients); and the
+    launch its first kernel was given."""
     # JAX caches traces (of jitted functions, of custom VJPs) and the launch is read
     # when the kernels are traced and lowered, under the sharding wrapper at compile
     # time: so the caches are cleared and the program compiled ahead of time under
@@ -199,20 +202,30 @@ def compiled(
     if not given:
         raise RuntimeError("the kernels were not traced under the patched launch")
     out = jax.block_until_ready(program(*args))
-    return partial(program, *args), np.asarray(out, np.float64), fields_of(given[0])
+    results = [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(out)]
+    return partial(program, *args), results, fields_of(given[0])
 
 
-def agrees(got: np.ndarray, want: np.ndarray, dtype: Any) -> bool:
-    """Whether two launches' results agree up to a sum regrouped in float32 and
-    rounded once to ``dtype``: one rounding of ``dtype`` per element, and a few of
-    float32 relative to the largest value."""
-    rounding = float(jnp.finfo(dtype).eps) * np.abs(want)
-    regrouping = 16 * float(jnp.finfo(jnp.float32).eps) * float(np.max(np.abs(want)))
-    return bool(np.all(np.abs(got - want) <= rounding + regrouping))
+def agrees(got: list[np.ndarray], want: list[np.ndarray], dtype: Any) -> bool:
+    """Whether two launches' results agree, each up to a sum regrouped in float32
+    and rounded once to ``dtype``: one rounding of ``dtype`` per element, and a few
+    of float32 relative to the result's largest value."""
+
+    def close(got: np.ndarray, want: np.ndarray) -> bool:
+        rounding = float(jnp.finfo(dtype).eps) * np.abs(want)
+        regrouping = 16 * float(jnp.finfo(jnp.float32).eps) * float(np.max(np.abs(want)))
+        return bool(np.all(np.abs(got - want) <= rounding + regrouping))
+
+    return all(close(g, w) for g, w in zip(got, want, strict=True))
 
 
 def candidate(
-    module: Any, fn: Callable, args: tuple, fields: dict[str, int], want: np.ndarray, dtype: Any
+    module: Any,
+    fn: Callable,
+    args: tuple,
+    fields: dict[str, int],
+    want: list[np.ndarray],
+    dtype: Any,
 ) -> dict:
     """``fn`` compiled and run under the launch ``fields``, and whether its result
     agrees with ``want``. A launch the GPU cannot run (a tile too large for its

@@ -23,9 +23,10 @@ import numpy as np
 import jaxgrad
 
 SIZES = {
-    # (resample input NHWC, depthwise input NHWC, depthwise filter)
-    "small": ((2, 16, 16, 8), (2, 12, 12, 8), (3, 3, 8, 2)),
-    "large": ((32, 64, 64, 64), (32, 112, 112, 96), (3, 3, 96, 1)),
+    # (resample input NHWC, depthwise input NHWC, depthwise filters). A multiplier of
+    # 1 takes the kernel that computes both gradients at once, 2 one kernel each.
+    "small": ((2, 16, 16, 8), (2, 12, 12, 8), ((3, 3, 8, 2), (3, 3, 8, 1))),
+    "large": ((32, 64, 64, 64), (32, 112, 112, 96), ((3, 3, 96, 1),)),
 }
 
 # A long axis (rows computed from the pattern) and a large upsampling, whose
@@ -55,7 +56,7 @@ def implementations(dtype) -> list[str | None]:
 
 def cases(size: str):
     """Yields (name, function, arguments): each op's forward and its VJP."""
-    resample_shape, conv_shape, filter_shape = SIZES[size]
+    resample_shape, conv_shape, filter_shapes = SIZES[size]
     rng = np.random.default_rng(0)
 
     for dtype in (jnp.float32, jnp.bfloat16):
@@ -100,7 +101,8 @@ def cases(size: str):
                 name = f"resample {implementation} linear {scale} on {length} {tag}"
                 yield name, long_vjp, (xl,)
 
-        x, f = arr(*conv_shape), arr(*filter_shape)
+        x = arr(*conv_shape)
+        filters = [(f"M{shape[-1]} ", arr(*shape)) for shape in filter_shapes]
         for implementation in implementations(dtype):
             for fmt in ("NHWC", "NCHW"):
                 xi = x if fmt == "NHWC" else jnp.transpose(x, (0, 3, 1, 2))
@@ -114,9 +116,10 @@ def cases(size: str):
                     y, vjp = jax.vjp(conv, x, f)
                     return y, vjp(y)
 
-                yield f"depthwise {implementation} {fmt} {tag}", conv_vjp, (xi, f)
+                for multiplier, f in filters:
+                    yield f"depthwise {implementation} {multiplier}{fmt} {tag}", conv_vjp, (xi, f)
                 if implementation != "pallas":  # a large filter: the XLA program's loop
-                    f7 = arr(7, 7, *filter_shape[2:])
+                    f7 = arr(7, 7, *filter_shapes[0][2:])
                     yield f"depthwise {implementation} 7x7 {fmt} {tag}", conv_vjp, (xi, f7)
 
 

@@ -50,6 +50,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert {(row["family"], row["op"]) for row in rows} == {
         ("depthwise", "backprop_filter"),
+        ("depthwise", "backward"),  # the forward op's, both gradients
         ("resample", "backward"),
     }
     for row in rows:
@@ -287,10 +288,12 @@ def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypa
 def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     """``kernel_report.py --train-step`` lowers the example U-Net's step for CUDA
     as a GPU would, with the default implementation: every depthwise layer's
-    forward and filter gradient (two kernels) and the input gradient of all but
-    the first, which reads the data, are kernels, and so is the 2x upsampling (the
-    0.5x downsampling and the float32 linear gradients stay with XLA, which
-    compiles them into one pass). Lowering needs no GPU and no ``triton`` package."""
+    forward is a kernel; its backward is one kernel for both gradients and one
+    that adds the filter gradient's partials, but in the first layer, which reads
+    the data and needs no input gradient: there the filter gradient's own two
+    kernels. The 2x upsampling is a kernel too (the 0.5x downsampling and the
+    float32 linear gradients stay with XLA, which compiles them into one pass).
+    Lowering needs no GPU and no ``triton`` package."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import kernel_report
 
@@ -306,8 +309,8 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     names = [kernel.name for kernel in kernels]
     assert {name: names.count(name) for name in set(names)} == {
         "_forward_kernel": 4,
-        "_input_kernel": 3,
-        "_partials_kernel": 4,
+        "_gradients_kernel": 3,
+        "_partials_kernel": 1,
         "_sum_kernel": 4,
         "_kernel": 1,
     }
