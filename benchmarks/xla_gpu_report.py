@@ -208,15 +208,15 @@ def depthwise_rows(device: Any) -> Iterator[dict]:
                 peer = gpu.lax_ops(fmt, c, m, stride)
                 y = jax.eval_shape(xla["forward"], x, f)
                 dy = jax.ShapeDtypeStruct(y.shape, dtype, sharding=on)
-                args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
-                peer_args = {"forward": (x, f), "backprop_input": (x, f, dy)}
-                peer_args["backprop_filter"] = (x, f, dy)
+                args = {op: a for op, _, a in gpu._named(xla, x, f, dy)}
+                peer_args = {op: (x, f, dy) for op in gpu.OPS}
+                peer_args["forward"] = (x, f)
                 for op in gpu.OPS:
-                    result = jax.eval_shape(xla[op], *args[op])
+                    result = jax.tree.leaves(jax.eval_shape(xla[op], *args[op]))
                     yield {
                         "case": f"{name} {fmt} {dtype}",
                         "op": op,
-                        "least": gpu.nbytes(*args[op], result),
+                        "least": gpu.nbytes(*args[op], *result),
                         "default": summary(launches(compiled(default[op], *args[op]))),
                         "xla": summary(launches(compiled(xla[op], *args[op]))),
                         "peer": summary(launches(compiled(peer[op], *peer_args[op]))),
