@@ -31,7 +31,7 @@ from jax._src import deprecations
 from jax.test_util import check_grads
 
 import jaxgrad
-from jaxgrad import _implementation, _kernels
+from jaxgrad import _checks, _implementation, _kernels
 from jaxgrad._depthwise import _pallas, _plan, _xla
 
 
@@ -415,12 +415,15 @@ def fused_grid():
 
 
 @pytest.mark.parametrize(("case", "data_format", "dtype", "many_rows"), list(fused_grid()))
-def test_both_gradients_in_one_kernel_have_the_two_kernels_bits(
+def test_both_gradients_in_one_kernel_are_the_two_kernels_sums(
     case, data_format, dtype, many_rows, monkeypatch
 ):
-    # The forward op's backward computes both gradients in one kernel where it can:
-    # the same sums in the same order as the two public ops' kernels, so the same
-    # bits. Many rows a program: the row loop runs, its last block cut short.
+    # The forward op's backward computes both gradients in one kernel where it can,
+    # adding the two kernels' products in their orders. One program's code is not
+    # the other's, though, and a compiler may fuse a multiply and an add in one and
+    # not in the other: a sum's last bit may differ (float32; float64 for float64),
+    # and so may the rounding of a half-precision result. Many rows a program: the
+    # row loop runs, its last block cut short.
     if many_rows:
         monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)
     cfg = make_cfg(*FUSED[case])
@@ -437,8 +440,15 @@ def test_both_gradients_in_one_kernel_have_the_two_kernels_bits(
     gx, gf = jax.jit(lambda x, f, dy: jax.vjp(ops["forward"], x, f)[1](dy))(x, f, dy)
     assert fused, "the backward did not take the one kernel"
     assert (_pallas._launch(fused[0], True, "filter").rows > 1) == many_rows
-    np.testing.assert_array_equal(gx, ops["backprop_input"](f, dy))
-    np.testing.assert_array_equal(gf, ops["backprop_filter"](x, dy))
+    sums = float(jnp.finfo(_checks.compute_dtype(dtype)).eps)
+    for got, separate in ((gx, ops["backprop_input"](f, dy)), (gf, ops["backprop_filter"](x, dy))):
+        separate = np.asarray(separate, np.float64)
+        np.testing.assert_allclose(
+            np.asarray(got, np.float64),
+            separate,
+            rtol=float(jnp.finfo(dtype).eps),
+            atol=16 * sums * np.abs(separate).max(),
+        )
     if dtype == jnp.float64:
         want = references(cfg, *exact)
         back = from_nchw if data_format == "NCHW" else (lambda a: a)

@@ -405,9 +405,9 @@ _conv.defvjp(_conv_fwd, _conv_bwd, symbolic_zeros=True)
 def _backprops(
     x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
 ) -> tuple[jax.Array, jax.Array]:
-    """``(_backprop_input(f, dy), _backprop_filter(x, dy))``, the same values, in
-    one call: an implementation may compute both at once (the kernels then read
-    ``dy`` from memory once)."""
+    """``(_backprop_input(f, dy), _backprop_filter(x, dy))`` in one call: an
+    implementation may compute both at once (the kernels then read ``dy`` from
+    memory once), the same sums up to the last bit."""
     return _run(  # type: ignore[no-any-return]
         "depthwise_conv2d",
         impl,

@@ -236,22 +236,29 @@ class _Taps:
     """The filter taps of a program's output channels, and the loop over the filter
     rows that uses them.
 
-    Up to ``_TAPS_PER_PROGRAM`` taps are loaded once per program, before its row
-    loop, and the filter rows are unrolled. More would crowd the registers, so a
-    larger filter loads each tap where it is used, from the cache, inside a loop
-    over the filter rows: a load that depends on that loop's index cannot be
-    hoisted out of the row loop (Triton 3.9 hoists loads of a fixed tap, and a 7x7
-    forward then held 255 registers and spilled).
+    Up to ``most_loaded`` taps (``_TAPS_PER_PROGRAM``) are loaded once per
+    program, before its row loop, and the filter rows are unrolled. More would
+    crowd the registers, so a larger filter loads each tap where it is used, from
+    the cache, inside a loop over the filter rows: a load that depends on that
+    loop's index cannot be hoisted out of the row loop (Triton 3.9 hoists loads of
+    a fixed tap, and a 7x7 forward then held 255 registers and spilled).
     """
 
     def __init__(
-        self, f_ref: Any, launch: _Launch, conv: Conv, lanes: list[jax.Array], dtype: Any
+        self,
+        f_ref: Any,
+        launch: _Launch,
+        conv: Conv,
+        lanes: list[jax.Array],
+        dtype: Any,
+        *,
+        most_loaded: int = _TAPS_PER_PROGRAM,
     ) -> None:
         fh, fw = conv.kernel
         self._rows = fh
         self._source = (f_ref, launch, lanes, dtype)
         self._loaded: list[list[jax.Array]] | None = None
-        if fh * fw * len(lanes) <= _TAPS_PER_PROGRAM:
+        if fh * fw * len(lanes) <= most_loaded:
             self._loaded = [[self._load(t, i) for i in range(len(lanes))] for t in range(fh * fw)]
 
     @property
@@ -828,14 +835,16 @@ def _gradients_kernel(
     """A program of the filter gradient's partials that writes the input gradient
     of its rows too, tile by tile: the output-gradient tiles the input gradient
     reads around a tile are then the ones the partials have just read, still in
-    the cache. Both sums are the separate kernels' sums, in their order."""
+    the cache. Both add the separate kernels' products in their orders."""
     dtype = _checks.compute_dtype(x_ref.dtype)
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program = pl.program_id(0)
     n, first = program // row_blocks, program % row_blocks * launch.rows
     chans = _kernels.lanes(pl.program_id(1), launch.channels)
     fh, fw = conv.kernel
-    taps = _Taps(f_ref, launch, conv, [chans], dtype)
+    # The filter gradient's sums take the registers that would hold the taps: the
+    # input gradient loads each tap where it uses it, from the cache.
+    taps = _Taps(f_ref, launch, conv, [chans], dtype, most_loaded=0)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
     def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -845,11 +854,16 @@ def _gradients_kernel(
             total + _tap_window(x_ref, conv, launch, n, i, cols, chans, t, dtype) * grad
             for t, total in enumerate(sums)
         )
-        dx = zeros
-        for t in range(fh * fw):
-            di, dj = divmod(t, fw)
-            (tile,) = _reached_gradients(dy_ref, conv, launch, n, i, cols, di, dj, [chans], dtype)
-            dx = dx + tile * taps(t, 0)[None, :]
+
+        def filter_row(di: Any, dx: jax.Array) -> jax.Array:
+            for dj in range(fw):
+                (tile,) = _reached_gradients(
+                    dy_ref, conv, launch, n, i, cols, di, dj, [chans], dtype
+                )
+                dx = dx + tile * taps(di * fw + dj, 0)[None, :]
+            return dx
+
+        dx = taps.sum_over_filter_rows(filter_row, zeros)
         _write(dx_ref, conv, launch, n, i, cols, chans, dx)
         return sums
 
@@ -865,8 +879,8 @@ def gradients(
     x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool, dtype: Any = None
 ) -> tuple[jax.Array, jax.Array]:
     """The input gradient and the filter gradient (in ``dtype``, as
-    ``filter_gradient``): one kernel where ``fuses_gradients``, with the bits of
-    the two ops' kernels; else those kernels."""
+    ``filter_gradient``): one kernel where ``fuses_gradients``, else the two
+    ops' kernels."""
     out_dtype = x.dtype if dtype is None else dtype
     launch = _launch(conv, interpret, "filter")
     empty = _empty(conv, conv.filter_shape, out_dtype)
