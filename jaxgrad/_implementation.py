@@ -84,8 +84,7 @@ def run(
     if implementation is None:
         if not (pallas_available and pallas_preferred and _has_cuda()):
             return xla(*args)
-        chosen = lax.platform_dependent(*args, cuda=compiled, default=xla)
-        return chosen
+        return lax.platform_dependent(*args, cuda=compiled, default=xla)
     if not pallas_available:
         raise ValueError(
             f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "
@@ -99,5 +98,4 @@ def run(
             f"(interpreted), not on {platform!r}; use implementation=None or 'xla'"
         )
     interpreted = lambda *a: pallas(*a, interpret=True)  # noqa: E731
-    kernels = lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)
-    return kernels
+    return lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)

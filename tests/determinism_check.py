@@ -23,9 +23,9 @@ import numpy as np
 import jaxgrad
 
 SIZES = {
-    # (resample input NHWC, depthwise input NHWC, depthwise filters). A multiplier of
-    # 1 takes the kernel that computes both gradients at once, 2 one kernel each.
-    "small": ((2, 16, 16, 8), (2, 12, 12, 8), ((3, 3, 8, 2), (3, 3, 8, 1))),
+    # (resample input NHWC, depthwise input NHWC, depthwise filters). With a
+    # multiplier of 2 one kernel computes both gradients; with 3, one kernel each.
+    "small": ((2, 16, 16, 8), (2, 12, 12, 8), ((3, 3, 8, 2), (3, 3, 8, 3))),
     "large": ((32, 64, 64, 64), (32, 112, 112, 96), ((3, 3, 96, 1),)),
 }
 

@@ -41,8 +41,9 @@ def main(check: str, implementation: str | None) -> None:
     x, dy_up = arr(8, 16, 16, 8), arr(8, 32, 32, 8)
     f, dy_conv = arr(3, 3, 8, 2), arr(8, 16, 16, 16)
     f7 = arr(7, 7, 8, 2)  # a large filter: XLA's filter gradient loops over kernel rows
-    # Multiplier 1: one kernel computes both gradients of the forward op.
-    f1, dy_conv1 = arr(3, 3, 8, 1), arr(8, 16, 16, 8)
+    # With a multiplier of 2 one kernel computes both gradients of the forward op;
+    # with 3, one kernel each.
+    f3, dy_conv3 = arr(3, 3, 8, 3), arr(8, 16, 16, 24)
     # The ops' implementation: None (the default), "xla", or "pallas" (the kernels
     # run interpreted on the CPU devices, each inside one device's shard).
     conv_kw = dict(strides=(1, 1), padding="SAME", implementation=implementation)
@@ -88,7 +89,7 @@ def main(check: str, implementation: str | None) -> None:
             True,
         ),
         "depthwise vjp": (conv_grads, (x, f, dy_conv), True),
-        "depthwise vjp, M=1": (conv_grads, (x, f1, dy_conv1), True),
+        "depthwise vjp, M=3": (conv_grads, (x, f3, dy_conv3), True),
     }
     if implementation != "pallas":  # interpreted, a 7x7 kernel is slow to compile
         ops["depthwise vjp 7x7"] = (conv_grads, (x, f7, dy_conv), True)
@@ -219,10 +220,10 @@ def main(check: str, implementation: str | None) -> None:
         for name, specs in cases.items():
             types_follow_primals(name, conv_loss, (x, f), specs)
 
-        def conv_loss_m1(x, f1):  # its own name: unsharded results are kept by name
-            return conv_loss(x, f1)
+        def conv_loss_m3(x, f3):  # its own name: unsharded results are kept by name
+            return conv_loss(x, f3)
 
-        types_follow_primals("conv M=1, batch cut", conv_loss_m1, (x, f1), (P("d"), P()))
+        types_follow_primals("conv M=3, batch cut", conv_loss_m3, (x, f3), (P("d"), P()))
         # Data and model parallel at once: batch and channels cut over two mesh axes.
         explicit = (jax.sharding.AxisType.Explicit,) * 2
         grid = jax.make_mesh((4, 2), ("data", "model"), axis_types=explicit)

@@ -375,13 +375,15 @@ def to_nchw_shape(shape):
 
 
 # Where the input gradient's rows and columns are the output's, stride 1: SAME, with
-# an even filter (the odd padding pixel after), dilated, and explicit padding of
-# the filter's reach.
+# an even filter (the odd padding pixel after), dilated, explicit padding of the
+# filter's reach, and multipliers whose tiles repeat each input channel.
 FUSED = [
     ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
     ((1, 7, 10, 5), (4, 2, 5, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
     ((2, 6, 9, 2), (3, 3, 2, 1), (1, 1), (2, 1), "SAME", ((0, 0), (0, 0))),
     ((1, 8, 7, 3), (2, 3, 3, 1), (1, 1), (1, 1), "EXPLICIT", ((0, 1), (2, 0))),
+    ((2, 6, 7, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
+    ((1, 5, 6, 9), (3, 2, 9, 4), (1, 1), (1, 2), "SAME", ((0, 0), (0, 0))),  # two tiles
 ]
 
 
@@ -394,7 +396,8 @@ FUSED = [
         (((1, 8, 8, 3), (5, 4, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # 20 taps
         (((1, 8, 8, 3), (3, 3, 3, 1), (2, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # stride
         (((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "VALID", ((0, 0),) * 2), False),  # fewer
-        (((1, 8, 8, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # M = 2
+        (FUSED[4], True),  # M = 2: the tiles repeat each input channel
+        (((1, 8, 8, 3), (3, 3, 3, 3), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # M = 3
     ],
 )
 def test_one_kernel_computes_both_gradients_where_their_tiles_agree(shape, fuses):
@@ -474,6 +477,22 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
     grad = jax.grad(lambda x, f: jnp.sum(forward(x, f) ** 2), wrt)
     text = lowered_text(grad, x, f, platform="cuda")
     assert set(re.findall(r"_[a-z]+_kernel\b", text)) == {"_forward_kernel", *kernels}
+
+
+def test_both_gradients_in_one_kernel_under_vmap():
+    # Batched, the kernel of two results goes through pallas_call's batching rule.
+    cfg = make_cfg(*FUSED[0])
+    (x, f, dy), _ = operands(cfg, "NHWC", jnp.float64)
+    forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
+
+    def backward(x, f, dy):
+        return jax.vjp(forward, x, f)[1](dy)
+
+    examples = [(x, f, dy), (dy, -f, x)]  # at stride 1 and SAME, x and dy have one shape
+    batched = jax.vmap(backward)(*(jnp.stack(arrays) for arrays in zip(*examples, strict=True)))
+    for i, example in enumerate(examples):
+        for got, want in zip(batched, backward(*example), strict=True):
+            np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
 
 
 def test_both_gradients_in_one_kernel_check_grads():

@@ -811,13 +811,15 @@ def fuses_gradients(conv: Conv) -> bool:
     Its programs are the filter gradient's, and each also writes the input
     gradient of its own rows and columns. That takes input rows and columns that
     are the output's (stride 1 and as many outputs as inputs, as SAME padding
-    gives), taps that one program sums at once, and one output channel per input
-    channel (multiplier 1), so that both gradients' tiles have the same lanes.
+    gives), taps that one program sums at once, and tiles of the same lanes in
+    both gradients: output channels, which the input gradient sums over the
+    multiplier where its tiles repeat each input channel (``_repeats``), or a
+    multiplier of 1.
     """
     return (
         conv.strides == (1, 1)
         and conv.in_size == conv.out_size
-        and conv.multiplier == 1
+        and (conv.multiplier == 1 or _repeats(conv))
         and len(_tap_groups(conv)) == 1
     )
 
@@ -840,31 +842,34 @@ def _gradients_kernel(
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program = pl.program_id(0)
     n, first = program // row_blocks, program % row_blocks * launch.rows
-    chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    in_chans = _input_lanes(conv, launch)
     fh, fw = conv.kernel
     # The filter gradient's sums take the registers that would hold the taps: the
     # input gradient loads each tap where it uses it, from the cache.
-    taps = _Taps(f_ref, launch, conv, [chans], dtype, most_loaded=0)
+    taps = _Taps(f_ref, launch, conv, [out_chans], dtype, most_loaded=0)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
     def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         i, cols = first + r, _kernels.lanes(c, launch.cols)
-        grad = _read(dy_ref, conv, launch, n, i, cols, chans, dtype)
+        grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
         sums = tuple(
-            total + _tap_window(x_ref, conv, launch, n, i, cols, chans, t, dtype) * grad
+            total + _tap_window(x_ref, conv, launch, n, i, cols, in_chans, t, dtype) * grad
             for t, total in enumerate(sums)
         )
 
         def filter_row(di: Any, dx: jax.Array) -> jax.Array:
             for dj in range(fw):
                 (tile,) = _reached_gradients(
-                    dy_ref, conv, launch, n, i, cols, di, dj, [chans], dtype
+                    dy_ref, conv, launch, n, i, cols, di, dj, [out_chans], dtype
                 )
                 dx = dx + tile * taps(di * fw + dj, 0)[None, :]
             return dx
 
         dx = taps.sum_over_filter_rows(filter_row, zeros)
-        _write(dx_ref, conv, launch, n, i, cols, chans, dx)
+        if _repeats(conv):  # output lanes: each input channel sums its M
+            dx = _sum_lane_groups(dx, conv.multiplier)
+        _write(dx_ref, conv, launch, n, i, cols, in_chans, dx)
         return sums
 
     def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -872,7 +877,7 @@ def _gradients_kernel(
         return lax.fori_loop(0, col_tiles, functools.partial(col_tile, r), sums)  # type: ignore[no-any-return]
 
     sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (fh * fw))
-    _store_partials(part_ref, launch, program, range(fh * fw), chans, sums)
+    _store_partials(part_ref, launch, program, range(fh * fw), out_chans, sums)
 
 
 def gradients(
@@ -890,16 +895,17 @@ def gradients(
             filter_gradient(x, dy, conv, interpret=interpret, dtype=dtype),
         )
     fh, fw = conv.kernel
+    channels = conv.channels * conv.multiplier
     programs = _row_programs(conv, launch, "filter")
     dx, partials = launch.call(
         functools.partial(_gradients_kernel, conv=conv),
         (
             _struct(conv.input_shape, dy.dtype),
-            _struct((programs, fh * fw, conv.channels), _checks.compute_dtype(x.dtype)),
+            _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
         ),
         _grid(conv, launch, "filter"),
         x,
-        f.reshape(fh * fw, conv.channels),
+        f.reshape(fh * fw, channels),
         dy,
     )
     return dx, _sum_partials(partials, conv, launch, out_dtype)

@@ -151,6 +151,12 @@ def explicit_specs(conv: Conv, operands: str, results: str, args: tuple[jax.Arra
     return [*_specs(split, conv, operands), *map(result_spec, results)]
 
 
+def _as_results(items: list[Any], results: str) -> Any:
+    """One item per result, as a kernel of ``results`` returns them: the item
+    itself for one result, else a tuple."""
+    return items[0] if len(results) == 1 else tuple(items)
+
+
 def _per_device(
     kernel: Kernel, conv: Conv, split: _Split, mesh: Any, results: str, interpret: bool
 ) -> Kernel:
@@ -163,13 +169,13 @@ def _per_device(
         # The filter gradient: each device's float32 sum, then one all-reduce,
         # then one rounding (to the input's dtype, the first operand's).
         dtype = args[0].dtype
-        out = kernel(*args, local, interpret=interpret, dtype=_checks.compute_dtype(dtype))
-        outs = (out,) if len(results) == 1 else out
+        computed = kernel(*args, local, interpret=interpret, dtype=_checks.compute_dtype(dtype))
+        outs = (computed,) if len(results) == 1 else computed
         reduced = [
             lax.psum(out, split.batch).astype(dtype) if role == "f" else out  # type: ignore[no-untyped-call]
             for role, out in zip(results, outs, strict=True)
         ]
-        return reduced[0] if len(results) == 1 else tuple(reduced)
+        return _as_results(reduced, results)
 
     return summed
 
@@ -179,21 +185,21 @@ def _partitioned(kernel: Kernel, operands: str, results: str) -> Any:
     partitioner (automatic sharding) runs it on each device's shards."""
     lead = _lead(operands)
 
-    def shardings(split: _Split, conv: Conv, mesh: Any, roles: str) -> Any:
-        named = tuple(NamedSharding(mesh, spec) for spec in _specs(split, conv, roles))
-        return named[0] if len(roles) == 1 else named
+    def shardings(split: _Split, conv: Conv, mesh: Any, roles: str) -> list[Any]:
+        return [NamedSharding(mesh, spec) for spec in _specs(split, conv, roles)]
 
     def partition(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any):  # type: ignore[no-untyped-def]
         del result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        arg_shardings = tuple(NamedSharding(mesh, s) for s in _specs(split, conv, operands))
+        arg_shardings = tuple(shardings(split, conv, mesh, operands))
+        out_shardings = _as_results(shardings(split, conv, mesh, results), results)
         lower = _per_device(kernel, conv, split, mesh, results, interpret)
-        return mesh, lower, shardings(split, conv, mesh, results), arg_shardings
+        return mesh, lower, out_shardings, arg_shardings
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         del interpret, result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        return shardings(split, conv, mesh, results)
+        return _as_results(shardings(split, conv, mesh, results), results)
 
     static = (len(operands), len(operands) + 1)
 
@@ -226,9 +232,9 @@ def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
         if typed is not None:
             mesh, split = typed
             per_device = _per_device(kernel, conv, split, mesh, results, interpret)
-            in_specs, out_specs = _specs(split, conv, operands), _specs(split, conv, results)
-            out_spec = out_specs[0] if len(results) == 1 else tuple(out_specs)
-            return _sharding.per_shard(per_device, mesh, in_specs, out_spec, *args)
+            in_specs = _specs(split, conv, operands)
+            out_specs = _as_results(_specs(split, conv, results), results)
+            return _sharding.per_shard(per_device, mesh, in_specs, out_specs, *args)
 
         @jax.custom_batching.custom_vmap
         def once(*args: jax.Array) -> Any:
@@ -239,8 +245,7 @@ def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
             del axis_size
             axes = tuple(0 if batched else None for batched in in_batched)
             each = functools.partial(kernel, conv=conv, interpret=interpret)
-            out_batched = True if len(results) == 1 else (True,) * len(results)
-            return jax.vmap(each, in_axes=axes)(*args), out_batched
+            return jax.vmap(each, in_axes=axes)(*args), _as_results([True] * len(results), results)
 
         return once(*args)
 
