@@ -376,7 +376,8 @@ def to_nchw_shape(shape):
 
 # Where the input gradient's rows and columns are the output's, stride 1: SAME, with
 # an even filter (the odd padding pixel after), dilated, explicit padding of the
-# filter's reach, and multipliers whose tiles repeat each input channel.
+# filter's reach, multipliers whose tiles repeat each input channel, and more taps
+# than one program sums (groups of filter rows, a program each).
 FUSED = [
     ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
     ((1, 7, 10, 5), (4, 2, 5, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
@@ -384,6 +385,7 @@ FUSED = [
     ((1, 8, 7, 3), (2, 3, 3, 1), (1, 1), (1, 1), "EXPLICIT", ((0, 1), (2, 0))),
     ((2, 6, 7, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
     ((1, 5, 6, 9), (3, 2, 9, 4), (1, 1), (1, 2), "SAME", ((0, 0), (0, 0))),  # two tiles
+    ((1, 7, 6, 3), (5, 4, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),  # two groups
 ]
 
 
@@ -392,8 +394,7 @@ FUSED = [
     [
         (FUSED[0], True),
         (FUSED[3], True),
-        (((1, 8, 8, 3), (4, 4, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), True),  # 16 taps
-        (((1, 8, 8, 3), (5, 4, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # 20 taps
+        (FUSED[6], True),  # 20 taps: the first of two groups' programs writes dx
         (((1, 8, 8, 3), (3, 3, 3, 1), (2, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # stride
         (((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "VALID", ((0, 0),) * 2), False),  # fewer
         (FUSED[4], True),  # M = 2: the tiles repeat each input channel

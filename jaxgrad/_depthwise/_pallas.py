@@ -809,18 +809,17 @@ def fuses_gradients(conv: Conv) -> bool:
     gradient from memory once instead of once per gradient.
 
     Its programs are the filter gradient's, and each also writes the input
-    gradient of its own rows and columns. That takes input rows and columns that
+    gradient of its own rows and columns (or, where the taps are cut into groups,
+    one more program for each block of rows). That takes input rows and columns that
     are the output's (stride 1 and as many outputs as inputs, as SAME padding
-    gives), taps that one program sums at once, and tiles of the same lanes in
-    both gradients: output channels, which the input gradient sums over the
-    multiplier where its tiles repeat each input channel (``_repeats``), or a
-    multiplier of 1.
+    gives), and tiles of the same lanes in both gradients: output channels,
+    which the input gradient sums over the multiplier where its tiles repeat
+    each input channel (``_repeats``), or a multiplier of 1.
     """
     return (
         conv.strides == (1, 1)
         and conv.in_size == conv.out_size
         and (conv.multiplier == 1 or _repeats(conv))
-        and len(_tap_groups(conv)) == 1
     )
 
 
@@ -837,27 +836,24 @@ def _gradients_kernel(
     """A program of the filter gradient's partials that writes the input gradient
     of its rows too, tile by tile: the output-gradient tiles the input gradient
     reads around a tile are then the ones the partials have just read, still in
-    the cache. Both add the separate kernels' products in their orders."""
+    the cache. Where the taps are cut into groups, a program each, one more
+    program of the same rows writes the input gradient: it runs beside them and
+    reads the same tiles, from the L2 cache (``_jobs``). Both gradients add the
+    separate kernels' products in their orders."""
     dtype = _checks.compute_dtype(x_ref.dtype)
+    groups = _tap_groups(conv)
     row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
-    program = pl.program_id(0)
+    program, job = divmod(pl.program_id(0), _jobs(conv))  # the job varies fastest
     n, first = program // row_blocks, program % row_blocks * launch.rows
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
-    fh, fw = conv.kernel
+    fw = conv.kernel[1]
     # The filter gradient's sums take the registers that would hold the taps: the
     # input gradient loads each tap where it uses it, from the cache.
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype, most_loaded=0)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
-    def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        i, cols = first + r, _kernels.lanes(c, launch.cols)
-        grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
-        sums = tuple(
-            total + _tap_window(x_ref, conv, launch, n, i, cols, in_chans, t, dtype) * grad
-            for t, total in enumerate(sums)
-        )
-
+    def write_input_gradient(i: Any, cols: Any) -> None:
         def filter_row(di: Any, dx: jax.Array) -> jax.Array:
             for dj in range(fw):
                 (tile,) = _reached_gradients(
@@ -870,14 +866,53 @@ def _gradients_kernel(
         if _repeats(conv):  # output lanes: each input channel sums its M
             dx = _sum_lane_groups(dx, conv.multiplier)
         _write(dx_ref, conv, launch, n, i, cols, in_chans, dx)
-        return sums
 
-    def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
-        return lax.fori_loop(0, col_tiles, functools.partial(col_tile, r), sums)  # type: ignore[no-any-return]
+    def group_gradients(start: int, stop: int, with_input_gradient: bool) -> None:
+        def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            i, cols = first + r, _kernels.lanes(c, launch.cols)
+            grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
+            sums = tuple(
+                total + _tap_window(x_ref, conv, launch, n, i, cols, in_chans, t, dtype) * grad
+                for t, total in zip(range(start, stop), sums, strict=True)
+            )
+            if with_input_gradient:
+                write_input_gradient(i, cols)
+            return sums
 
-    sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (fh * fw))
-    _store_partials(part_ref, launch, program, range(fh * fw), out_chans, sums)
+        def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
+            return lax.fori_loop(0, col_tiles, functools.partial(col_tile, r), sums)  # type: ignore[no-any-return]
+
+        sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (stop - start))
+        _store_partials(part_ref, launch, program, range(start, stop), out_chans, sums)
+
+    def input_gradient_rows() -> None:
+        def row(r: Any, carry: None) -> None:
+            col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
+
+            def col_tile(c: Any, carry: None) -> None:
+                write_input_gradient(first + r, _kernels.lanes(c, launch.cols))
+                return carry
+
+            return lax.fori_loop(0, col_tiles, col_tile, carry)  # type: ignore[no-any-return]
+
+        lax.fori_loop(0, launch.rows, row, None)
+
+    if len(groups) == 1:
+        group_gradients(*groups[0], with_input_gradient=True)
+        return
+    for g, (start, stop) in enumerate(groups):
+        lax.cond(job == g, functools.partial(group_gradients, start, stop, False), lambda: None)
+    lax.cond(job == len(groups), input_gradient_rows, lambda: None)
+
+
+def _jobs(conv: Conv) -> int:
+    """The programs of a block of rows in the kernel for both gradients: one where
+    a program sums every tap; else one for each group of taps and one more for
+    the input gradient, which the filter gradient's sums leave no registers for
+    (the input gradient's own program is lighter than any group's)."""
+    groups = len(_tap_groups(conv))
+    return 1 if groups == 1 else groups + 1
 
 
 def gradients(
@@ -897,13 +932,14 @@ def gradients(
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     programs = _row_programs(conv, launch, "filter")
+    _, channel_blocks, _ = _grid(conv, launch, "filter")
     dx, partials = launch.call(
         functools.partial(_gradients_kernel, conv=conv),
         (
             _struct(conv.input_shape, dy.dtype),
             _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
         ),
-        _grid(conv, launch, "filter"),
+        (programs * _jobs(conv), channel_blocks, 1),
         x,
         f.reshape(fh * fw, channels),
         dy,
