@@ -394,7 +394,7 @@ FUSED = [
     [
         (FUSED[0], True),
         (FUSED[3], True),
-        (FUSED[6], True),  # 20 taps: the first of two groups' programs writes dx
+        (FUSED[6], True),  # 20 taps: one more program writes dx beside the two groups'
         (((1, 8, 8, 3), (3, 3, 3, 1), (2, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # stride
         (((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "VALID", ((0, 0),) * 2), False),  # fewer
         (FUSED[4], True),  # M = 2: the tiles repeat each input channel
