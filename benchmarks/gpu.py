@@ -21,7 +21,9 @@ One command, under 8 minutes on an H100. It prints (and writes as JSON):
 5. Speed of resample and its gradient: jaxgrad (default, "xla", "pallas"),
    ``jax.image.resize`` and its VJP, PyTorch CUDA's ``interpolate`` and its
    backward (in the layout's memory format), against the copy roofline.
-6. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock ops.
+6. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock
+   ops; and jaxgrad with its resampling in "xla" and with one kernel per depthwise
+   gradient, which say whether the default's choices pay in a step.
 
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -427,20 +430,42 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     yield row
 
 
+def resampling_in_xla(unet: Any) -> Any:
+    """The example U-Net's jaxgrad ops with its resampling in "xla", which XLA can
+    fuse with the ops around it, where the default may take the kernel."""
+    return dataclasses.replace(
+        unet.JAXGRAD,
+        down=lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1), mode="linear", implementation="xla"),
+        up=lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear", implementation="xla"),
+    )
+
+
 def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
+    """The U-Net step with jaxgrad's ops and with stock ones; and with jaxgrad's ops
+    two other ways, which say whether the default's choices pay: the resampling
+    in "xla", and one kernel per depthwise gradient."""
     import unet
 
     params = unet.init_params(jax.random.key(0))
     noisy, clean = unet.make_batch(jax.random.key(1), batch, size)
     opt = unet.adam_init(params)
     calls = {}
-    for name, ops in (("jaxgrad", unet.JAXGRAD), ("stock", unet.STOCK)):
+    variants = {
+        "jaxgrad": unet.JAXGRAD,
+        "stock": unet.STOCK,
+        "jaxgrad, resample xla": resampling_in_xla(unet),
+    }
+    for name, ops in variants.items():
         step = jax.jit(lambda p, o, x, y, ops=ops: unet.train_step(p, o, x, y, ops))
         calls[name] = partial(step, params, opt, noisy, clean)
+    step = jax.jit(lambda p, o, x, y: unet.train_step(p, o, x, y, unet.JAXGRAD))
+    calls["jaxgrad, two kernels"] = with_two_kernels(step, params, opt, noisy, clean)
     ms = rounds_ms(calls, rounds)
     print(
         f"  batch {batch} of {size}x{size}: jaxgrad {ms['jaxgrad']:.2f} ms, "
-        f"stock {ms['stock']:.2f} ms, speed-up {ms['stock'] / ms['jaxgrad']:.2f}x"
+        f"stock {ms['stock']:.2f} ms, speed-up {ms['stock'] / ms['jaxgrad']:.2f}x; "
+        f"resampling in xla {ms['jaxgrad, resample xla']:.2f} ms, "
+        f"one kernel per depthwise gradient {ms['jaxgrad, two kernels']:.2f} ms"
     )
     return dict(batch=batch, size=size, **ms)
 
@@ -673,7 +698,9 @@ def render(results: dict) -> str:
             "",
             f"U-Net step, batch {t['batch']} of {t['size']}x{t['size']}: "
             f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
-            f"({t['stock'] / t['jaxgrad']:.2f}x).",
+            f'({t["stock"] / t["jaxgrad"]:.2f}x); with the resampling in "xla" '
+            f"{t['jaxgrad, resample xla']:.2f} ms, with one kernel per depthwise gradient "
+            f"{t['jaxgrad, two kernels']:.2f} ms.",
         ]
     return "\n".join(lines)
 

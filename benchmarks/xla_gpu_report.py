@@ -53,7 +53,6 @@ import gpu
 import jax
 import numpy as np
 
-import jaxgrad
 from jaxgrad import _implementation
 from jaxgrad._resample import _xla
 
@@ -295,12 +294,7 @@ def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
         step = functools.partial(unet.train_step, ops=ops)
         row[name] = summary(launches(compiled(step, *specs)))
     yield row
-    xla_resampling = dataclasses.replace(
-        unet.JAXGRAD,
-        down=lambda x: jaxgrad.resample(x, (1, 0.5, 0.5, 1), mode="linear", implementation="xla"),
-        up=lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear", implementation="xla"),
-    )
-    step = functools.partial(unet.train_step, ops=xla_resampling)
+    step = functools.partial(unet.train_step, ops=gpu.resampling_in_xla(unet))
     yield {
         "case": f'U-Net step, batch {batch} of {size}x{size}, resample implementation="xla"',
         "op": "step",
