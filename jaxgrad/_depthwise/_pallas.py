@@ -25,6 +25,9 @@ another fixed order.
 - filter gradient: a program sums ``window * dy`` over a block of rows for a
   group of taps, in registers, and writes one partial per tap; a second, small
   kernel adds the partials of all programs up in a fixed order.
+- both gradients (the forward op's backward, at stride 1): the filter
+  gradient's programs write the input gradient of their rows too, so that the
+  output gradient is read from memory once.
 """
 
 from __future__ import annotations
