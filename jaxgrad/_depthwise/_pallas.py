@@ -337,6 +337,32 @@ def _shared_taps(launch: _Launch, filter_rows: int, fw: int, shift: int | None) 
     ]
 
 
+def _tap_window(
+    x_ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    i: Any,
+    cols: Any,
+    in_chans: Any,
+    di: Any,
+    dj: int,
+    dtype: Any,
+    *,
+    masked_past_output: bool = False,
+) -> jax.Array:
+    """The input tile tap ``(di, dj)`` reads for output row ``i`` and columns
+    ``cols``, on the output's lanes; zero past the last output row or column
+    where ``masked_past_output``: a filter gradient's infinite input there must
+    not meet the zero the output gradient reads there."""
+    (sh, sw), (dh, dw) = conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    row, read_cols = i * sh - top + di * dh, cols * sw - left + dj * dw
+    wanted = (i < conv.out_size[0]) & (cols < conv.out_size[1]) if masked_past_output else True
+    tile = _read(x_ref, conv, launch, n, row, read_cols, in_chans, dtype, wanted=wanted)
+    return _on_output_lanes(tile, conv)
+
+
 def _input_lanes(conv: Conv, launch: _Launch) -> jax.Array:
     """The input channels a program's tile of output channels reads: each once
     where the tile repeats them (``_repeats``), else input channel ``k`` for each
@@ -387,26 +413,13 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     out_cols = _kernels.lanes(pl.program_id(2), launch.cols)
     in_chans = _input_lanes(conv, launch)
-    (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
+    sh, dh = conv.strides[0], conv.dilations[0]
     fh, fw = conv.kernel
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
     def window(i: Any, di: Any, dj: int) -> jax.Array:
-        """The input tile tap ``(di, dj)`` reads for output row ``i``, on the
-        output's lanes."""
-        tile = _read(
-            x_ref,
-            conv,
-            launch,
-            n,
-            i * sh - top + di * dh,
-            out_cols * sw - left + dj * dw,
-            in_chans,
-            dtype,
-        )
-        return _on_output_lanes(tile, conv)
+        return _tap_window(x_ref, conv, launch, n, i, out_cols, in_chans, di, dj, dtype)
 
     if taps.unrolled:
         # Output row i + 1's filter row di reads the input row that filter row
@@ -600,38 +613,6 @@ def _tap_groups(conv: Conv) -> list[tuple[int, int]]:
     return [(top * fw, min(top + rows, fh) * fw) for top in range(0, fh, rows)]
 
 
-def _tap_window(
-    x_ref: Any,
-    conv: Conv,
-    launch: _Launch,
-    n: Any,
-    i: Any,
-    cols: Any,
-    in_chans: Any,
-    t: int,
-    dtype: Any,
-) -> jax.Array:
-    """The input tile tap ``t`` (flat index ``di * fw + dj``) reads for output row
-    ``i`` and columns ``cols``, on the output's lanes. Past the last output row or
-    column it is masked: an infinite input there must not meet the zero the
-    output gradient reads there."""
-    (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
-    di, dj = divmod(t, conv.kernel[1])
-    window = _read(
-        x_ref,
-        conv,
-        launch,
-        n,
-        i * sh - top + di * dh,
-        cols * sw - left + dj * dw,
-        in_chans,
-        dtype,
-        wanted=(i < conv.out_size[0]) & (cols < conv.out_size[1]),
-    )
-    return _on_output_lanes(window, conv)
-
-
 def _partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
@@ -656,8 +637,19 @@ def _partials_kernel(
             cols = _kernels.lanes(c, launch.cols)
 
             def read_window(t: int) -> Callable[[Any], jax.Array]:
+                di, dj = divmod(t, fw)
                 return lambda r: _tap_window(
-                    x_ref, conv, launch, n, first + r, cols, in_chans, t, dtype
+                    x_ref,
+                    conv,
+                    launch,
+                    n,
+                    first + r,
+                    cols,
+                    in_chans,
+                    di,
+                    dj,
+                    dtype,
+                    masked_past_output=True,
                 )
 
             def read_gradient(r: Any) -> jax.Array:
@@ -856,6 +848,11 @@ def _gradients_kernel(
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype, most_loaded=0)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
+    def window(i: Any, cols: Any, di: int, dj: int) -> jax.Array:
+        return _tap_window(
+            x_ref, conv, launch, n, i, cols, in_chans, di, dj, dtype, masked_past_output=True
+        )
+
     def write_input_gradient(i: Any, cols: Any) -> None:
         def filter_row(di: Any, dx: jax.Array) -> jax.Array:
             for dj in range(fw):
@@ -875,7 +872,7 @@ def _gradients_kernel(
             i, cols = first + r, _kernels.lanes(c, launch.cols)
             grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
             sums = tuple(
-                total + _tap_window(x_ref, conv, launch, n, i, cols, in_chans, t, dtype) * grad
+                total + window(i, cols, *divmod(t, fw)) * grad
                 for t, total in zip(range(start, stop), sums, strict=True)
             )
             if with_input_gradient:
