@@ -146,8 +146,11 @@ def triton_modules(fn, *args, capability: int) -> list[Kernel]:
             mock.patch.object(registration.lowering, "lower_jaxpr_to_triton_module", recording)
         )
         # The default implementation takes the kernels only in a process with a
-        # CUDA device; the GPU aimed at stands in for it.
-        patches.enter_context(mock.patch.object(_implementation, "_has_cuda", lambda: True))
+        # CUDA GPU that compiles them; the GPU aimed at stands in for it.
+        aimed_capability = divmod(capability, 10)
+        patches.enter_context(
+            mock.patch.object(_implementation, "_cuda_capability", lambda: aimed_capability)
+        )
         # From JAX 0.11 the lowering asks the local GPU for its compute capability;
         # here there is none, so the GPU aimed at answers. JAX 0.10 does not ask.
         if hasattr(registration, "gpu_info_lib"):

@@ -173,7 +173,9 @@ def compiled(fn: Callable, *specs: Any) -> str:
     """The optimized HLO of ``jax.jit(fn)`` for ``specs``. In a process without a
     GPU the default implementation would take "xla"; the H100 stands in for one."""
     with contextlib.ExitStack() as patches:
-        patches.enter_context(mock.patch.object(_implementation, "_has_cuda", lambda: True))
+        patches.enter_context(
+            mock.patch.object(_implementation, "_cuda_capability", lambda: (9, 0))
+        )
         patches.enter_context(h100_answers())
         jax.clear_caches()
         return jax.jit(fn).trace(*specs).lower().compile().as_text()  # type: ignore[no-any-return]

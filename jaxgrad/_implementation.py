@@ -4,10 +4,11 @@ An op family validates its arguments, computes its static plan and wires its
 custom VJP once; the arithmetic comes from one of its implementations:
 
 - ``"xla"``: a composition of jnp/lax operations, portable to every backend.
-- ``"pallas"``: Pallas kernels, compiled by Triton on CUDA GPUs, and run in
-  Pallas' interpret mode on the CPU (slow: for tests).
-- ``None``: the kernels on CUDA GPUs where they cover the case, ``"xla"``
-  everywhere else.
+- ``"pallas"``: Pallas kernels, compiled by Triton on CUDA GPUs (compute
+  capability 8.0 and newer), and run in Pallas' interpret mode on the CPU (slow:
+  for tests).
+- ``None``: the kernels on CUDA GPUs of compute capability 8.0 and newer where
+  they cover the case, ``"xla"`` everywhere else.
 
 The choice between platforms is made when the program is lowered
 (``lax.platform_dependent``), not when it is traced, so one jitted function runs
@@ -44,15 +45,34 @@ def _backend_platform() -> str:
     return "rocm" if "rocm" in version else "cuda"
 
 
+# XLA compiles Triton kernels for CUDA GPUs of compute capability 8.0 (Ampere)
+# and newer only; on older ones (V100, T4) it refuses them when it compiles.
+KERNEL_CAPABILITY = (8, 0)
+
+
 @functools.cache
-def _has_cuda() -> bool:
-    """Whether this process has a CUDA backend. Without one nothing can run the
-    kernels, and ``None`` traces the portable arithmetic alone: no kernel traced
-    for a platform that is not there, and a CPU program exactly as "xla"."""
+def _cuda_capability() -> tuple[int, int] | None:
+    """The lowest compute capability among this process's CUDA GPUs, as
+    ``(major, minor)``; None where it has none."""
     try:
-        return bool(jax.devices("cuda"))
-    except RuntimeError:
-        return False
+        devices = jax.devices("cuda")
+    except RuntimeError:  # no CUDA backend
+        devices = []
+    return min((_capability(device) for device in devices), default=None)
+
+
+def _capability(device: Any) -> tuple[int, int]:
+    major, minor = str(device.compute_capability).split(".")
+    return int(major), int(minor)
+
+
+def _kernels_compile_here() -> bool:
+    """Whether this process has CUDA GPUs, all of which XLA compiles the kernels
+    for. Without them nothing can run the kernels, and ``None`` traces the
+    portable arithmetic alone: no kernel traced for a GPU that cannot compile it,
+    or for a platform that is not there, and a CPU program exactly as "xla"."""
+    capability = _cuda_capability()
+    return capability is not None and capability >= KERNEL_CAPABILITY
 
 
 def run(
@@ -82,7 +102,7 @@ def run(
         return xla(*args)
     compiled = lambda *a: pallas(*a, interpret=False)  # noqa: E731
     if implementation is None:
-        if not (pallas_available and pallas_preferred and _has_cuda()):
+        if not (pallas_available and pallas_preferred and _kernels_compile_here()):
             return xla(*args)
         return lax.platform_dependent(*args, cuda=compiled, default=xla)
     if not pallas_available:
@@ -96,6 +116,13 @@ def run(
         raise ValueError(
             f"{op}: implementation='pallas' runs on CUDA GPUs (compiled) and on the CPU "
             f"(interpreted), not on {platform!r}; use implementation=None or 'xla'"
+        )
+    capability = _cuda_capability()
+    if platform == "cuda" and capability is not None and capability < KERNEL_CAPABILITY:
+        raise ValueError(
+            f"{op}: implementation='pallas' needs a CUDA GPU of compute capability 8.0 "
+            f"(Ampere) or newer, for which XLA compiles Triton kernels, and this one's is "
+            f"{capability[0]}.{capability[1]}; use implementation=None or 'xla'"
         )
     interpreted = lambda *a: pallas(*a, interpret=True)  # noqa: E731
     return lax.platform_dependent(*args, cpu=interpreted, cuda=compiled)

@@ -57,6 +57,10 @@ def compiled_entry(fn, *args):
 # The custom call a Pallas Triton kernel lowers to.
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
+# An H100's compute capability: patched in as _implementation._cuda_capability's
+# answer, it gives a process without a GPU one that compiles the kernels.
+H100_CAPABILITY = (9, 0)
+
 
 def lowered_text(fn, *args, platform):
     """The StableHLO text of ``jax.jit(fn)`` for ``args``, lowered for ``platform``

@@ -2,11 +2,12 @@
 
 import inspect
 import logging
+import types
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import TRITON_CALL, gpu_stand_in, lowered_text
+from helpers import H100_CAPABILITY, TRITON_CALL, gpu_stand_in, lowered_text
 
 import jaxgrad
 from jaxgrad import _implementation
@@ -99,7 +100,7 @@ def test_one_jitted_step_lowers_for_every_backend(patch):
     # may run it on: the Pallas kernels where the program is for a CUDA GPU (the
     # process is given one here: the choice is made at lowering), the portable
     # arithmetic everywhere else.
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     x, f = jnp.ones((2, 8, 8, 4), jnp.float32), jnp.ones((3, 3, 4, 2), jnp.float32)
 
     def loss(x, f):
@@ -113,12 +114,27 @@ def test_one_jitted_step_lowers_for_every_backend(patch):
         assert (kernels > 0) == (platform == "cuda"), (platform, kernels)
 
 
+def test_the_kernels_need_every_gpu_to_be_an_ampere_or_newer(patch):
+    # The lowest compute capability among the process's CUDA GPUs decides.
+    gpu = lambda capability: types.SimpleNamespace(compute_capability=capability)  # noqa: E731
+    patch(jax, "devices", lambda backend: [gpu("9.0"), gpu("12.0")])
+    assert _implementation._cuda_capability.__wrapped__() == (9, 0)
+    patch(jax, "devices", lambda backend: [gpu("9.0"), gpu("7.5")])
+    assert _implementation._cuda_capability.__wrapped__() == (7, 5)
+
+    def no_cuda_backend(backend):
+        raise RuntimeError(f"Unknown backend {backend}")
+
+    patch(jax, "devices", no_cuda_backend)
+    assert _implementation._cuda_capability.__wrapped__() is None
+
+
 def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
     # docs/export.md: where the process has a CUDA GPU (given one here), a program
     # exported for CUDA holds the Triton kernels, which jax.export refuses to
     # serialize unless their custom call's check is disabled. (The page's doctest
     # exports from this CPU process, for several platforms.)
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     x, f = jnp.ones((2, 8, 8, 4), jnp.float32), jnp.ones((3, 3, 4, 1), jnp.float32)
 
     def loss(x, f):

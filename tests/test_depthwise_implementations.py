@@ -24,7 +24,7 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import TOLERANCE, TRANSFORMS, TRITON_CALL, lowered_text, transformed
+from helpers import H100_CAPABILITY, TOLERANCE, TRANSFORMS, TRITON_CALL, lowered_text, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src import deprecations
@@ -567,15 +567,32 @@ def test_default_is_the_portable_program_on_the_cpu():
 
 
 def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL in lowered(None, "cuda")
     assert TRITON_CALL not in lowered(None, "cpu")
     # float64 stays on the portable arithmetic on every platform.
     assert TRITON_CALL not in lowered(None, "cuda", jnp.float64)
 
 
+def test_default_is_the_portable_program_on_gpus_older_than_ampere(patch):
+    # XLA compiles Triton kernels for GPUs of compute capability 8.0 and newer
+    # only: on a V100 or a T4 the default program is exactly "xla"'s.
+    patch(_implementation, "_cuda_capability", lambda: (7, 5))
+    assert lowered(None, "cuda") == lowered("xla", "cuda")
+    patch(_implementation, "_cuda_capability", lambda: (8, 0))  # an A100
+    jax.clear_caches()
+    assert TRITON_CALL in lowered(None, "cuda")
+
+
+def test_explicit_pallas_raises_on_gpus_older_than_ampere(patch):
+    patch(_implementation, "_backend_platform", lambda: "cuda")
+    patch(_implementation, "_cuda_capability", lambda: (7, 0))
+    with pytest.raises(ValueError, match=r"capability 8.0 \(Ampere\) or newer.*this one's is 7.0"):
+        lowered("pallas", "cpu")
+
+
 def test_default_falls_back_without_pallas(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     patch(_pallas, "AVAILABLE", False)
     assert TRITON_CALL not in lowered(None, "cuda")
     with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
@@ -598,7 +615,7 @@ def test_explicit_pallas_raises_on_another_backend(patch):
 
 
 def test_xla_never_uses_the_kernels(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL not in lowered("xla", "cuda")
 
 

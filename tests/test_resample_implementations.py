@@ -10,7 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, TOLERANCE, TRITON_CALL, lowered_text, transformed
+from helpers import (
+    FLOAT_DTYPES,
+    H100_CAPABILITY,
+    TOLERANCE,
+    TRITON_CALL,
+    lowered_text,
+    transformed,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
@@ -365,7 +372,7 @@ def test_default_is_the_portable_program_on_the_cpu():
 
 
 def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL not in lowered(None, "cpu")
     # Nearest neighbour and float64: XLA's program.
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
@@ -391,8 +398,18 @@ def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
             assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, grad=True, scales=scales)
 
 
+def test_default_is_the_portable_program_on_gpus_older_than_ampere(patch):
+    # XLA compiles Triton kernels for compute capability 8.0 and newer only.
+    patch(_implementation, "_cuda_capability", lambda: (7, 5))
+    for grad in (False, True):
+        assert lowered(None, "cuda", grad=grad) == lowered("xla", "cuda", grad=grad)
+    patch(_implementation, "_backend_platform", lambda: "cuda")
+    with pytest.raises(ValueError, match=r"resample: .* compute capability 8.0 .* 7.5"):
+        lowered("pallas", "cpu")
+
+
 def test_default_falls_back_without_pallas(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     patch(_pallas, "AVAILABLE", False)
     assert TRITON_CALL not in lowered(None, "cuda")
     with pytest.raises(ValueError, match=r"implementation='pallas' needs Pallas' Triton backend"):
@@ -406,7 +423,7 @@ def test_explicit_pallas_raises_on_another_backend(patch):
 
 
 def test_xla_never_uses_the_kernel(patch):
-    patch(_implementation, "_has_cuda", lambda: True)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL not in lowered("xla", "cuda")
 
 

@@ -79,12 +79,12 @@ def depthwise_conv2d(
         (before, after) pair per dimension in ``data_format`` order, zero for batch
         and channels.
       implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
-        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
-        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
-        interpreted on the CPU (slow: for tests). All give the same results up to
-        float rounding, each bitwise reproducible.
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend, Pallas
+        kernels on CUDA GPUs of compute capability 8.0 and newer for float16, bfloat16
+        and float32 and the jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax
+        composition on every backend; ``"pallas"`` is the kernels, compiled on a CUDA
+        GPU and interpreted on the CPU (slow: for tests). All give the same results up
+        to float rounding, each bitwise reproducible.
 
     Returns:
       ``[N, out_h, out_w, C * M]`` (NHWC) or ``[N, C * M, out_h, out_w]`` (NCHW),
@@ -166,12 +166,12 @@ def depthwise_conv2d_backprop_input(
         (before, after) pair per dimension in ``data_format`` order, zero for batch
         and channels.
       implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
-        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
-        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
-        interpreted on the CPU (slow: for tests). All give the same results up to
-        float rounding, each bitwise reproducible.
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend, Pallas
+        kernels on CUDA GPUs of compute capability 8.0 and newer for float16, bfloat16
+        and float32 and the jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax
+        composition on every backend; ``"pallas"`` is the kernels, compiled on a CUDA
+        GPU and interpreted on the CPU (slow: for tests). All give the same results up
+        to float rounding, each bitwise reproducible.
 
     Returns:
       The gradient with respect to the input, shape ``input_sizes``, the dtype of
@@ -250,12 +250,12 @@ def depthwise_conv2d_backprop_filter(
         (before, after) pair per dimension in ``data_format`` order, zero for batch
         and channels.
       implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend,
-        Pallas kernels on CUDA GPUs for float16, bfloat16 and float32 and the
-        jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax composition on
-        every backend; ``"pallas"`` is the kernels, compiled on a CUDA GPU and
-        interpreted on the CPU (slow: for tests). All give the same results up to
-        float rounding, each bitwise reproducible.
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend, Pallas
+        kernels on CUDA GPUs of compute capability 8.0 and newer for float16, bfloat16
+        and float32 and the jnp/lax composition elsewhere; ``"xla"`` is the jnp/lax
+        composition on every backend; ``"pallas"`` is the kernels, compiled on a CUDA
+        GPU and interpreted on the CPU (slow: for tests). All give the same results up
+        to float rounding, each bitwise reproducible.
 
     Returns:
       The gradient with respect to the filter, shape ``filter_sizes``, the dtype
