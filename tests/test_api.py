@@ -1,11 +1,13 @@
 """The public API's shape: explicit exports, keyword-only options, documented examples."""
 
+import functools
 import inspect
 import logging
 import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import H100_CAPABILITY, TRITON_CALL, gpu_stand_in, lowered_text
 
@@ -93,6 +95,36 @@ def test_an_eager_call_runs_one_compiled_program(call):
         logger.removeHandler(compiles)
     assert len(first) == 1, f"the first call compiled {first}"
     assert compiles.names == first, "the second call compiled again"
+
+
+@pytest.mark.parametrize("implementation", [None, "pallas"])
+def test_gradients_through_checkpoint_scan_and_cond(implementation):
+    # Training code wraps layers in jax.checkpoint (recomputed in the backward),
+    # lax.scan (one traced body for every layer) and lax.cond: each gives the
+    # gradient of the plain loop, up to rounding (each is another program, which
+    # XLA may fuse, and so round, differently).
+    def layer(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation=implementation)
+        y = jaxgrad.resample(jaxgrad.relu(y), (1, 0.5, 0.5, 1), implementation=implementation)
+        return jaxgrad.resample(y, (1, 2, 2, 1), mode="linear", implementation=implementation)
+
+    def gradients(loss):
+        x = jax.random.normal(jax.random.key(0), (2, 8, 8, 4), jnp.float32)
+        filters = jax.random.normal(jax.random.key(1), (2, 3, 3, 4, 1), jnp.float32)
+        return jax.jit(jax.grad(lambda x, fs: (loss(x, fs) ** 2).sum(), argnums=(0, 1)))(x, filters)
+
+    def looped(step):
+        return lambda x, filters: functools.reduce(step, filters, x)
+
+    def scanned(step):
+        return lambda x, filters: jax.lax.scan(lambda x, f: (step(x, f), None), x, filters)[0]
+
+    plain = gradients(looped(layer))
+    remat = gradients(looped(jax.checkpoint(layer)))
+    cond = gradients(looped(lambda x, f: jax.lax.cond(True, layer, lambda x, f: x, x, f)))
+    scan = gradients(scanned(jax.checkpoint(layer)))
+    close = functools.partial(np.testing.assert_allclose, rtol=2e-5, atol=1e-5)
+    jax.tree.map(close, (remat, cond, scan), (plain, plain, plain))
 
 
 def test_one_jitted_step_lowers_for_every_backend(patch):
