@@ -162,6 +162,14 @@ def _row_programs(conv: Conv, launch: _Launch, kernel: str) -> int:
     return conv.batch * pl.cdiv(rows, launch.rows)
 
 
+def _image_and_first_row(program: Any, conv: Conv, launch: _Launch, kernel: str) -> tuple[Any, Any]:
+    """The image and the first row of the block of rows that ``program``, an index
+    along ``_row_programs``, owns."""
+    (rows, _), _ = _tiled(conv, kernel)
+    row_blocks = pl.cdiv(rows, launch.rows)
+    return program // row_blocks, program % row_blocks * launch.rows
+
+
 # Taps whose float32 sums one filter-gradient program keeps in registers at once.
 _TAPS_PER_PROGRAM = 16
 
@@ -408,8 +416,7 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 
 def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
-    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
-    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     out_cols = _kernels.lanes(pl.program_id(2), launch.cols)
     in_chans = _input_lanes(conv, launch)
@@ -520,8 +527,7 @@ def _reached_gradients(
 def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
     dtype = _checks.compute_dtype(dy_ref.dtype)
     m = conv.multiplier
-    row_blocks = pl.cdiv(conv.in_size[0], launch.rows)
-    n, first = pl.program_id(0) // row_blocks, pl.program_id(0) % row_blocks * launch.rows
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
     cols = _kernels.lanes(pl.program_id(2), launch.cols)
     repeats = _repeats(conv)
     if repeats:
@@ -618,9 +624,8 @@ def _partials_kernel(
 ) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
     groups = _tap_groups(conv)
-    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program, group = divmod(pl.program_id(0), len(groups))  # the group varies fastest
-    n, first = program // row_blocks, program % row_blocks * launch.rows
+    n, first = _image_and_first_row(program, conv, launch, "filter")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
     sh, dh = conv.strides[0], conv.dilations[0]
@@ -837,9 +842,8 @@ def _gradients_kernel(
     separate kernels' products in their orders."""
     dtype = _checks.compute_dtype(x_ref.dtype)
     groups = _tap_groups(conv)
-    row_blocks = pl.cdiv(conv.out_size[0], launch.rows)
     program, job = divmod(pl.program_id(0), _jobs(conv))  # the job varies fastest
-    n, first = program // row_blocks, program % row_blocks * launch.rows
+    n, first = _image_and_first_row(program, conv, launch, "filter")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
     fw = conv.kernel[1]
