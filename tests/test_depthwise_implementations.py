@@ -32,7 +32,7 @@ from jax.test_util import check_grads
 
 import jaxgrad
 from jaxgrad import _checks, _implementation, _kernels
-from jaxgrad._depthwise import _pallas, _plan, _xla
+from jaxgrad._depthwise import _convolution, _pallas, _plan, _xla
 
 
 def three_ops(cfg, data_format, **extra):
@@ -778,3 +778,69 @@ def test_portable_filter_gradient_leaves_no_reduction_to_a_gpu(kernel):
     for platform in ("cuda", "rocm", "cpu"):
         text = lowered_text(filter_gradient, x, x, platform=platform)
         assert ("stablehlo.reduce" in text) == (platform == "cpu"), platform
+
+
+# ----------------------------------------------------------------------------------
+# The portable implementation on TPUs: XLA's own convolution
+# ----------------------------------------------------------------------------------
+
+
+def as_on_tpus():
+    """Computes the portable implementation here as TPU platforms do."""
+    return mock.patch.object(_xla, "_TPU_PLATFORMS", ("cpu", "tpu"))
+
+
+def multiplier_one(case):
+    x_shape, (fh, fw, c, _), *rest = case
+    return (x_shape, (fh, fw, c, 1), *rest)
+
+
+# Every stride, dilation and padding of CASES, with the multiplier of 1 a
+# convolution covers on TPUs (_convolution.covers).
+TPU_CASES = [*map(multiplier_one, CASES), LARGE]
+
+
+@pytest.mark.parametrize("case", TPU_CASES, ids=[*map(str, range(len(CASES))), "7x7"])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_portable_ops_as_tpus_compute_them(case, data_format):
+    # float64: the reference's values. float32: within 1e-6. bfloat16: its float32
+    # sums rounded once, as accurate as the CPU's formulation, up to the last bit.
+    cfg = make_cfg(*case)
+    assert _convolution.covers(configured(cfg, data_format))
+    for dtype in (jnp.float64, jnp.float32, jnp.bfloat16):
+        (x, f, dy), exact = operands(cfg, data_format, dtype, seed=1)
+        want = references(cfg, *exact)
+        ops = three_ops(cfg, data_format, implementation="xla")
+        with as_on_tpus():
+            jax.clear_caches()
+            on_tpus = run_ops(ops, data_format, x, f, dy)
+        jax.clear_caches()
+        if dtype == jnp.bfloat16:
+            on_the_cpu = run_ops(ops, data_format, x, f, dy)
+        for name, got in on_tpus.items():
+            error = relative_error(got, want[name])
+            if dtype == jnp.float64:
+                np.testing.assert_allclose(got, want[name], rtol=1e-10, atol=1e-10)
+            elif dtype == jnp.float32:
+                assert error < 1e-6, (name, error)
+            else:
+                assert error <= 1.25 * relative_error(on_the_cpu[name], want[name]) + 1e-6, name
+
+
+def test_portable_ops_are_a_convolution_on_tpus_only():
+    x, f = jnp.ones((2, 9, 9, 3), jnp.bfloat16), jnp.ones((3, 3, 3, 1), jnp.bfloat16)
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation="xla")
+        return (y.astype(jnp.float32) ** 2).sum()
+
+    step = jax.grad(loss, argnums=(0, 1))
+    for platform in ("tpu", "cuda", "rocm", "cpu"):
+        text = lowered_text(step, x, f, platform=platform)
+        # The forward and its two transposes.
+        assert text.count("stablehlo.convolution") == 3 * (platform == "tpu"), platform
+    # Where XLA:TPU compiled a convolution's filter gradient for minutes (one
+    # channel, a multiplier of 2), and an empty batch: the portable program.
+    uncovered = [(x[..., :1], f[:, :, :1]), (x, jnp.ones((3, 3, 3, 2), x.dtype)), (x[:0], f)]
+    for args in uncovered:
+        assert "stablehlo.convolution" not in lowered_text(step, *args, platform="tpu")

@@ -3,6 +3,7 @@
 - ``_ops``: the public functions and their custom VJPs: what the ops mean.
 - ``_plan``: argument checks, output sizes and padding, shared by every implementation.
 - ``_xla``: the arithmetic as jnp/lax operations, for every backend.
+- ``_convolution``: ``_xla``'s arithmetic on TPUs, as XLA's grouped convolution.
 - ``_pallas``: the arithmetic as Pallas kernels, for CUDA GPUs.
 """
 

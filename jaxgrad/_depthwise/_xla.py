@@ -7,6 +7,7 @@ split by the residue of the input index modulo the stride (polyphase), sums
 shifted windows of the output gradient times taps; and the filter gradient
 multiplies each window by the output gradient and sums. Sums run over the taps in
 a fixed order, in float32 for half types: deterministic, and no scatter anywhere.
+On TPUs the same sums are XLA's grouped convolution (``_convolution``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import numpy as np
 from jax import lax
 
 from jaxgrad import _bits, _checks, _sharding, _tiles
+from jaxgrad._depthwise import _convolution
 from jaxgrad._depthwise._plan import Conv
 
 # The platforms whose XLA gets the GPU formulations below (``_on_gpus``).
 _GPU_PLATFORMS = ("cuda", "rocm")
+# The platforms whose XLA gets its own convolution instead (``_convolution``).
+_TPU_PLATFORMS = ("tpu",)
 
 
 def _spatial_axes(conv: Conv) -> tuple[int, int]:
@@ -301,7 +305,29 @@ def _read_per_platform(
     )
 
 
+def _on_tpus(
+    convolution: Callable[..., jax.Array],
+    portable: Callable[..., jax.Array],
+    args: tuple[jax.Array, ...],
+    conv: Conv,
+) -> jax.Array:
+    """``convolution(*args, conv)`` on TPU platforms and ``portable(*args, conv)``
+    elsewhere, chosen when the program is lowered for its platform."""
+    if not _convolution.covers(conv):
+        return portable(*args, conv)
+    chosen: jax.Array = lax.platform_dependent(
+        *args,
+        **dict.fromkeys(_TPU_PLATFORMS, functools.partial(convolution, conv=conv)),
+        default=functools.partial(portable, conv=conv),
+    )
+    return chosen
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
+    return _on_tpus(_convolution.forward, _portable_forward, (x, f), conv)
+
+
+def _portable_forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
     few = _few_taps(conv)
     return _read_per_platform(
         _forward, (x, f), conv, gpus=few, elsewhere=few and not _half_nchw(conv, x)
@@ -367,6 +393,10 @@ def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    return _on_tpus(_convolution.input_gradient, _portable_input_gradient, (f, dy), conv)
+
+
+def _portable_input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     few = _few_taps(conv)
     elsewhere = few and not _half_nchw(conv, dy) and conv.strides == (1, 1)
     return _read_per_platform(_input_gradient, (f, dy), conv, gpus=few, elsewhere=elsewhere)
@@ -536,6 +566,10 @@ def _whole_along(total: jax.Array, axis: int) -> jax.Array:
 
 
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    return _on_tpus(_convolution.filter_gradient, _portable_filter_gradient, (x, dy), conv)
+
+
+def _portable_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     if not _few_taps(conv):
         return _filter_gradient_by_kernel_rows(x, dy, conv)
     dtype = _checks.compute_dtype(x.dtype)
