@@ -312,8 +312,11 @@ def _on_tpus(
     conv: Conv,
 ) -> jax.Array:
     """``convolution(*args, conv)`` on TPU platforms and ``portable(*args, conv)``
-    elsewhere, chosen when the program is lowered for its platform."""
-    if not _convolution.covers(conv):
+    elsewhere, chosen when the program is lowered for its platform. Under explicit
+    sharding, the portable arithmetic everywhere: lax's convolution there asks
+    for its result's sharding, which the transposes for the gradients cannot pass
+    it (and every platform's branch is traced, whichever is lowered)."""
+    if not _convolution.covers(conv) or _sharding.explicit_mesh(args) is not None:
         return portable(*args, conv)
     chosen: jax.Array = lax.platform_dependent(
         *args,
