@@ -110,7 +110,7 @@ def test_gradients_through_checkpoint_scan_and_cond(implementation):
 
     def gradients(loss):
         x = jax.random.normal(jax.random.key(0), (2, 8, 8, 4), jnp.float32)
-        filters = jax.random.normal(jax.random.key(1), (2, 3, 3, 4, 1), jnp.float32)
+        filters = jax.random.normal(jax.random.key(1), (1, 3, 3, 4, 1), jnp.float32)
         return jax.jit(jax.grad(lambda x, fs: (loss(x, fs) ** 2).sum(), argnums=(0, 1)))(x, filters)
 
     def looped(step):
