@@ -16,7 +16,7 @@ whose convolution XLA:TPU compiles slowly keep the portable formulation
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import jax
 from jax import lax
@@ -41,29 +41,25 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     """The forward's transpose in the input, applied to ``dy``."""
-    dtype = _checks.compute_dtype(dy.dtype)
-    taps = f.astype(dtype)
-    transpose = jax.linear_transpose(
-        lambda x: _convolve(x, taps, conv), _like(conv.input_shape, dtype)
-    )
-    dx: jax.Array = transpose(dy.astype(dtype))[0]
-    return dx.astype(dy.dtype)
+    taps = f.astype(_checks.compute_dtype(f.dtype))
+    return _transposed(lambda x: _convolve(x, taps, conv), conv.input_shape, dy)
 
 
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     """The forward's transpose in the filter, applied to ``dy``."""
-    dtype = _checks.compute_dtype(x.dtype)
-    windows = x.astype(dtype)
-    transpose = jax.linear_transpose(
-        lambda f: _convolve(windows, f, conv), _like(conv.filter_shape, dtype)
-    )
-    df: jax.Array = transpose(dy.astype(dtype))[0]
-    return df.astype(x.dtype)
+    windows = x.astype(_checks.compute_dtype(x.dtype))
+    return _transposed(lambda f: _convolve(windows, f, conv), conv.filter_shape, dy)
 
 
-def _like(shape: tuple[int, ...], dtype: Any) -> Any:
-    """An array's shape and dtype, all a linear map's transpose needs of its input."""
-    return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
+def _transposed(
+    linear: Callable[[jax.Array], jax.Array], shape: tuple[int, ...], dy: jax.Array
+) -> jax.Array:
+    """The transpose of ``linear`` (a map of arrays of ``shape``) applied to ``dy``,
+    computed in ``dy``'s compute dtype and rounded to its dtype once."""
+    dtype = _checks.compute_dtype(dy.dtype)
+    like = jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
+    result: jax.Array = jax.linear_transpose(linear, like)(dy.astype(dtype))[0]
+    return result.astype(dy.dtype)
 
 
 def _convolve(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
