@@ -21,9 +21,10 @@ applying the axes one at a time as on the CPU: where XLA:GPU compiles that into
 one pass decides where the default takes the kernel and where "xla" on GPUs
 reads every axis's taps in one expression instead. ``--sections
 train`` compares the example U-Net's training step (batch 64 of 128x128) with
-jaxgrad's ops and with stock ones.
+jaxgrad's ops and with stock ones, and jaxgrad's as compiled for a GPU older than
+Ampere (every op "xla"), with the seconds each took to compile here.
 
-What it cannot show: times, and the autotuner's choices (a compile-only device
+What it cannot show: run times, and the autotuner's choices (a compile-only device
 is not autotuned: XLA:GPU takes its default tilings and cuDNN algorithm). A
 kernel inside a loop counts once.
 """
@@ -45,6 +46,7 @@ import functools
 import itertools
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -169,12 +171,14 @@ def h100s(count: int = 1) -> list[Any]:
     return list(topology.devices)
 
 
-def compiled(fn: Callable, *specs: Any) -> str:
+def compiled(fn: Callable, *specs: Any, capability: tuple[int, int] = (9, 0)) -> str:
     """The optimized HLO of ``jax.jit(fn)`` for ``specs``. In a process without a
-    GPU the default implementation would take "xla"; the H100 stands in for one."""
+    GPU the default implementation would take "xla"; the H100 stands in for one.
+    ``capability`` is the compute capability the default sees (below 8.0, as on a
+    V100 or a T4, it takes "xla")."""
     with contextlib.ExitStack() as patches:
         patches.enter_context(
-            mock.patch.object(_implementation, "_cuda_capability", lambda: (9, 0))
+            mock.patch.object(_implementation, "_cuda_capability", lambda: capability)
         )
         patches.enter_context(h100_answers())
         jax.clear_caches()
@@ -274,10 +278,20 @@ def scale_rows(device: Any) -> Iterator[dict]:
             yield row
 
 
+def timed(program: Callable[[], str]) -> dict[str, Any]:
+    """The summary of the program ``program()`` compiles, with the seconds it took
+    (lowering and XLA's compilation: a host-side cost, on this machine's CPU)."""
+    start = time.perf_counter()
+    hlo = program()
+    return summary(launches(hlo)) | {"compile_s": time.perf_counter() - start}
+
+
 def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
     """The example U-Net's training step, with jaxgrad's ops and with stock ones;
     then with jaxgrad's resampling in "xla", which XLA can fuse with the ops
-    around it (its "default" column)."""
+    around it (its "default" column); then jaxgrad's ops as a GPU older than
+    Ampere compiles them, every op in "xla" (its "xla" column). Each with the
+    seconds it took to compile."""
     sys.path.insert(0, str(gpu.ROOT / "examples"))
     import unet
 
@@ -292,16 +306,18 @@ def train_rows(device: Any, batch: int = 64, size: int = 128) -> Iterator[dict]:
     # The step's activations, not its arguments, are what it moves: no least here.
     row: dict[str, Any] = {"case": f"U-Net step, batch {batch} of {size}x{size}", "op": "step"}
     row["least"] = None
-    for name, ops in (("default", unet.JAXGRAD), ("peer", unet.STOCK)):
-        step = functools.partial(unet.train_step, ops=ops)
-        row[name] = summary(launches(compiled(step, *specs)))
+    step = functools.partial(unet.train_step, ops=unet.JAXGRAD)
+    row["default"] = timed(lambda: compiled(step, *specs))
+    row["xla"] = timed(lambda: compiled(step, *specs, capability=(7, 5)))
+    stock = functools.partial(unet.train_step, ops=unet.STOCK)
+    row["peer"] = timed(lambda: compiled(stock, *specs))
     yield row
     step = functools.partial(unet.train_step, ops=gpu.resampling_in_xla(unet))
     yield {
         "case": f'U-Net step, batch {batch} of {size}x{size}, resample implementation="xla"',
         "op": "step",
         "least": None,
-        "default": summary(launches(compiled(step, *specs))),
+        "default": timed(lambda: compiled(step, *specs)),
     }
 
 
@@ -317,7 +333,8 @@ def cell(entry: dict | None, least: int | None) -> str:
         return ""
     kinds = ", ".join(f"{n} {kind}" for kind, n in entry["kernels"].items())
     moved = f"{entry['bytes'] / 1e6:.0f} MB"
-    return f"{kinds}; {moved}" + (f" ({entry['bytes'] / least:.2f}x)" if least else "")
+    text = f"{kinds}; {moved}" + (f" ({entry['bytes'] / least:.2f}x)" if least else "")
+    return text + (f"; compiled in {entry['compile_s']:.1f} s" if "compile_s" in entry else "")
 
 
 def render(rows: list[dict], peer: str) -> str:

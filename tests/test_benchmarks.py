@@ -153,6 +153,10 @@ ENTRY %main.9 (x.1: bf16[8,4], f.1: f32[3,4]) -> (f32[8,4], f32[4]) {
     assert (
         report.cell(moved, least=304) == "1 collective, 1 fusion, 1 library, 1 triton; 0 MB (2.00x)"
     )
+    # A program timed as it compiled (the training steps) says how long it took.
+    timed = report.timed(lambda: hlo)
+    assert timed["bytes"] == moved["bytes"] and timed["compile_s"] >= 0
+    assert report.cell(timed | {"compile_s": 20.24}, least=None).endswith("; compiled in 20.2 s")
 
 
 def test_xla_gpu_report_says_what_it_needs():

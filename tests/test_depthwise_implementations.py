@@ -688,10 +688,11 @@ def test_tree_sum_adds_up_every_partial(shape, axes):
 
 @pytest.mark.parametrize("case", [*CASES, LARGE], ids=[*map(str, range(len(CASES))), "7x7"])
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-def test_portable_filter_gradient_through_the_tree(case, data_format, monkeypatch):
-    # The sum GPU platforms take, run here in its place: the blocked taps and a large
-    # filter's loop over kernel rows both give the reference through it.
-    monkeypatch.setattr(_xla, "_sum_partials", _xla._tree_sum)
+def test_portable_filter_gradient_as_gpus_compute_it(case, data_format, monkeypatch):
+    # The filter gradient GPU platforms compute (operands behind a barrier, the
+    # partials added up in a tree), run here in its place: the blocked taps and a
+    # large filter's loop over kernel rows both give the reference through it.
+    monkeypatch.setattr(_xla, "_GPU_PLATFORMS", ("cpu", "cuda", "rocm"))
     jax.clear_caches()
     cfg = make_cfg(*case)
     (x, f, dy), exact = operands(cfg, data_format, jnp.float64, seed=3)
@@ -700,6 +701,40 @@ def test_portable_filter_gradient_through_the_tree(case, data_format, monkeypatc
     want = ref_backprop_filter(exact[0], exact[2], cfg)
     np.testing.assert_allclose(got["backprop_filter"], want, rtol=1e-10, atol=1e-10)
     jax.clear_caches()
+
+
+def test_filter_gradient_operands_are_read_from_memory_on_gpus_only():
+    # On GPU platforms x and dy pass an optimization barrier first, so that XLA:GPU
+    # does not compute their producers again in every partial that reads them;
+    # the CPU's program has no such barrier. (The tree's own barriers take one
+    # array each.)
+    x = jnp.ones((2, 9, 9, 3), jnp.float32)
+
+    def filter_gradient(x, dy):
+        return jaxgrad.depthwise_conv2d_backprop_filter(
+            jnp.sin(x), (3, 3, 3, 1), 2 * dy, (1, 1), "SAME", implementation="xla"
+        )
+
+    both = re.compile(r"stablehlo.optimization_barrier %[\w#]+, %[\w#]+ : tensor<2x9x9x3xf32>")
+    for platform in ("cuda", "rocm", "cpu"):
+        text = lowered_text(filter_gradient, x, x, platform=platform)
+        assert bool(both.search(text)) == (platform != "cpu"), platform
+
+
+def test_filter_gradient_as_gpus_compute_it_differentiates(monkeypatch):
+    # Through the barrier, to the second order: the gradient of a loss of the
+    # filter gradient is the CPU formulation's, to rounding.
+    cfg = make_cfg(*CASES[0])
+    (x, _, dy), _ = operands(cfg, "NHWC", jnp.float64, seed=5)
+    bpf = three_ops(cfg, "NHWC", implementation="xla")["backprop_filter"]
+    grad = jax.jit(jax.grad(lambda x, dy: jnp.sum(jnp.sin(bpf(x, dy))), argnums=(0, 1)))
+    on_the_cpu = grad(x, dy)
+    monkeypatch.setattr(_xla, "_GPU_PLATFORMS", ("cpu", "cuda", "rocm"))
+    jax.clear_caches()
+    as_on_gpus = grad(x, dy)
+    jax.clear_caches()
+    for got, want in zip(as_on_gpus, on_the_cpu, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------

@@ -277,6 +277,27 @@ def _on_gpus(
     return chosen
 
 
+def _from_memory_on_gpus(*operands: jax.Array) -> tuple[jax.Array, ...]:
+    """``operands``, on GPU platforms behind an optimization barrier, so that the
+    filter gradient reads them from memory.
+
+    Without it XLA:GPU fuses their producers (the layer's input, say, a
+    concatenation of an upsampling and a skip connection) into the first kernel
+    of the filter gradient's sum, which reads each element once per tap and per
+    partial: every read computes the producers again, and the kernel's code grows
+    with them (``benchmarks/xla_gpu_report.py --sections train``). Elsewhere the
+    operands pass as they are: XLA:CPU's program is tuned without the barrier.
+    """
+
+    def barrier(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(lax.optimization_barrier(arrays))  # type: ignore[no-untyped-call]
+
+    chosen = lax.platform_dependent(
+        *operands, **dict.fromkeys(_GPU_PLATFORMS, barrier), default=lambda *arrays: arrays
+    )
+    return tuple(chosen)
+
+
 def _half_nchw(conv: Conv, operand: jax.Array) -> bool:
     """Whether ``operand`` is a half-precision NCHW array."""
     return conv.nchw and _checks.compute_dtype(operand.dtype) != operand.dtype
@@ -573,6 +594,7 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 
 
 def _portable_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    x, dy = _from_memory_on_gpus(x, dy)
     if not _few_taps(conv):
         return _filter_gradient_by_kernel_rows(x, dy, conv)
     dtype = _checks.compute_dtype(x.dtype)
