@@ -2,8 +2,11 @@
 
     python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
                              [--sections depthwise resample train]
+                             [--cases SUBSTRING ...]
 
-One command, under 8 minutes on an H100. It prints (and writes as JSON):
+One command, meant to finish in under 8 minutes on an H100 (not yet timed on
+one; ``--sections`` and ``--cases`` cut it into parts). It prints (and writes as
+JSON):
 
 1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
 2. Correctness: every depthwise op, and resample and its gradient, in both
@@ -43,7 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 from unittest import mock
@@ -475,8 +478,15 @@ def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def resample_cases(smoke: bool):
-    """(layout, shape, resampled axes, mode, scale) of every timed case."""
+def chosen(name: str, only: Sequence[str]) -> bool:
+    """Whether the case ``name`` is asked for: every case if ``only`` is empty, else
+    those whose name contains one of ``only`` (``--cases``)."""
+    return not only or any(part in name for part in only)
+
+
+def resample_cases(smoke: bool, only: Sequence[str] = ()):
+    """(layout, shape, resampled axes, mode, scale) of every timed case, or of those
+    whose name (``[32, 256, 256, 64] NHWC linear 2.0x``) contains one of ``only``."""
     cases = [
         (layout, shape, axes, mode, scale)
         for layout, (shape, axes) in RESAMPLE_LAYOUTS.items()
@@ -488,7 +498,11 @@ def resample_cases(smoke: bool):
         small = {4: (2, 8, 8, 4), 5: (1, 2, 4, 4, 4)}
         cases = [(lay, small[len(sh)], ax, m, s) for lay, sh, ax, m, s in cases]
         cases = [c for c in cases if c[0] != "NCHW" and c[3:] == ("linear", 2.0)]
-    return cases
+    return [c for c in cases if chosen(resample_case_name(*c[:2], *c[3:]), only)]
+
+
+def resample_case_name(layout: str, shape: tuple, mode: str, scale: float) -> str:
+    return f"{list(shape)} {layout} {mode} {scale}x"
 
 
 def resample_shapes(shape: tuple, axes: tuple, scale: float) -> tuple[tuple, tuple]:
@@ -545,12 +559,15 @@ def torch_resample(torch: Any, x: Any, dy: Any, axes: tuple, out: tuple, scale: 
     return {"forward": forward, "backward": backward}
 
 
-def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
-    """Relative errors against float64 on the CPU, on small arrays of every case."""
+def resample_correctness(
+    rng: np.random.Generator, smoke: bool, only: Sequence[str] = ()
+) -> list[dict]:
+    """Relative errors against float64 on the CPU, on small arrays of every case
+    (or of those ``only`` asks for)."""
     cpu = jax.devices("cpu")[0]
     small = {"NCHW": (2, 8, 64, 64), "NHWC": (2, 64, 64, 8), "NCDHW": (1, 4, 16, 16, 16)}
     rows = []
-    for layout, shape, axes, mode, scale in resample_cases(smoke):
+    for layout, shape, axes, mode, scale in resample_cases(smoke, only):
         shape = shape if smoke else small[layout]
         scales, out = resample_shapes(shape, axes, scale)
         x = rng.normal(size=shape).astype(np.float32)
@@ -574,10 +591,15 @@ def resample_correctness(rng: np.random.Generator, smoke: bool) -> list[dict]:
 
 
 def resample_speed(
-    rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any, smoke: bool
+    rng: np.random.Generator,
+    bandwidth: float,
+    rounds: int,
+    torch: Any,
+    smoke: bool,
+    only: Sequence[str] = (),
 ) -> Iterator[dict]:
     """Each resample case's row of times, as it is measured."""
-    for layout, shape, axes, mode, scale in resample_cases(smoke):
+    for layout, shape, axes, mode, scale in resample_cases(smoke, only):
         scales, out = resample_shapes(shape, axes, scale)
         for dtype in DTYPES:
             x = jnp.asarray(rng.normal(size=shape), dtype)
@@ -604,7 +626,7 @@ def resample_speed(
                 ms = rounds_ms(calls, rounds)
                 roof = 1e3 * nbytes(x, dy) / bandwidth
                 row = dict(
-                    case=f"{list(shape)} {layout} {mode} {scale}x",
+                    case=resample_case_name(layout, shape, mode, scale),
                     dtype=dtype,
                     op=op,
                     roofline=roof,
@@ -645,7 +667,7 @@ def render(results: dict) -> str:
         f"torch {m['torch']}, triton {m['triton']}; copy roofline "
         f"{results['copy_bandwidth_GBps']:.0f} GB/s.",
     ]
-    if "speed" in results:
+    if results.get("speed"):  # empty where --cases chose no depthwise case
         lines += [
             "",
             "| case | layout | dtype | op | roofline | default | xla | pallas | lax | torch "
@@ -664,8 +686,9 @@ def render(results: dict) -> str:
                 f"| {r['default_over_best_peer']:.2f} "
                 f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
             )
+    if results.get("correctness"):
         lines += ["", *_worst(results["correctness"])]
-    if "resample_speed" in results:
+    if results.get("resample_speed"):
         lines += [
             "",
             "| case | dtype | op | roofline | default | xla | pallas | jax.image | torch "
@@ -680,6 +703,7 @@ def render(results: dict) -> str:
                 f"| {r['jaxgrad pallas']:.3f} | {r['jax.image']:.3f} | {torch_ms} "
                 f"| {r['default_over_roofline']:.2f} |"
             )
+    if results.get("resample_correctness"):
         lines += ["", *_worst(results["resample_correctness"])]
     if "failed" in results.get("determinism", {}):
         lines += ["", f"Fresh processes: failed ({results['determinism']['failed']})."]
@@ -725,6 +749,15 @@ def main() -> None:
         help="which timed sections to run (default: all)",
     )
     parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=[],
+        metavar="SUBSTRING",
+        help="only the cases whose name contains one of these: depthwise names such as "
+        "'[32,112,112,96] 3x3 s1' or 'M2', resample names such as '[32, 256, 256, 64] NHWC "
+        "linear 2.0x' (default: all)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="a few tiny cases on any backend (PyTorch, if installed, on the CPU): "
@@ -746,6 +779,9 @@ def main() -> None:
     else:
         with contextlib.suppress(ImportError):
             import torch
+    CASES[:] = [case for case in CASES if chosen(case[0], args.cases)]
+    if not CASES and not resample_cases(args.smoke, args.cases):
+        raise SystemExit(f"benchmarks/gpu.py: no case name contains any of {args.cases}")
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
 
@@ -775,10 +811,11 @@ def main() -> None:
         record_rows("speed", speed(rng, bandwidth, args.rounds, torch))
     if "resample" in args.sections:
         print("resample correctness (relative error against float64):")
-        record("resample_correctness", resample_correctness(rng, args.smoke))
+        record("resample_correctness", resample_correctness(rng, args.smoke, args.cases))
         print(f"resample speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
         record_rows(
-            "resample_speed", resample_speed(rng, bandwidth, args.rounds, torch, args.smoke)
+            "resample_speed",
+            resample_speed(rng, bandwidth, args.rounds, torch, args.smoke, args.cases),
         )
     if "train" in args.sections:
         print("U-Net training step:")

@@ -202,6 +202,33 @@ def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypat
     assert results["copy_bandwidth_GBps"] > 0 and "machine" in results
 
 
+def test_gpu_benchmark_runs_the_cases_asked_for(monkeypatch):
+    """``--cases`` keeps the cases whose names contain one of its strings, so that a
+    run can be cut into parts that each fit a time limit; a string no case name
+    contains stops the run at once."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    assert gpu.chosen("[32,112,112,32] 3x3 s1 M2", []) and gpu.chosen(
+        "[32,56,56,192] 5x5 s1", ["5x5", "M2"]
+    )
+    assert not gpu.chosen("[32,112,112,96] 3x3 s2", ["3x3 s1"])
+    [volume] = gpu.resample_cases(smoke=False, only=["NCDHW"])
+    assert volume[0] == "NCDHW"
+    picked = gpu.resample_cases(smoke=False, only=["NHWC linear 2.0x", "NCHW nearest 0.5x"])
+    assert [(c[0], c[3], c[4]) for c in picked] == [
+        ("NCHW", "nearest", 0.5),
+        ("NHWC", "linear", 2.0),
+    ]
+    assert len(gpu.resample_cases(smoke=False)) == 13
+    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
+        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
+    monkeypatch.setattr(gpu, "TORCH_DEVICE", gpu.TORCH_DEVICE)
+    monkeypatch.setattr("sys.argv", ["gpu.py", "--smoke", "--cases", "7x7"])
+    with pytest.raises(SystemExit, match="no case name contains any of"):
+        gpu.main()
+
+
 def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
     """``benchmarks/tune.py --json`` writes each op's search as it ends."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
