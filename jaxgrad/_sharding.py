@@ -1,9 +1,9 @@
 """Arrays whose type says how they are sharded: JAX's explicit sharding.
 
-Under a mesh of explicit axes (``jax.make_mesh``'s default, entered with
-``jax.set_mesh``) an array's sharding is part of its type, and every operation
-must agree with its operands' shardings where XLA's partitioner would otherwise
-move data on its own.
+Under a mesh of explicit axes (``jax.make_mesh``'s default) an array's sharding
+is part of its type, and every operation must agree with its operands' shardings
+where XLA's partitioner would otherwise move data on its own. The mesh is the
+one the types name, with or without ``jax.set_mesh``.
 """
 
 from __future__ import annotations
@@ -67,10 +67,16 @@ def cuts_that_divide(parts: Sequence[Any], shape: Sequence[int], mesh: Any) -> t
     )
 
 
-def reshard(value: jax.Array, parts: Sequence[Any]) -> jax.Array:
-    """``value`` resharded by the ``PartitionSpec`` of ``parts``, on the current mesh."""
+def reshard(value: jax.Array, parts: Sequence[Any], mesh: Any = None) -> jax.Array:
+    """``value`` resharded by the ``PartitionSpec`` of ``parts`` on ``mesh``: by
+    default the explicit mesh ``value``'s type names, else the one ``jax.set_mesh``
+    entered. The mesh is named, not left to the context, because arrays whose
+    types name an explicit mesh need no ``jax.set_mesh`` (``jax.make_mesh`` makes
+    explicit axes by default), and neither must jaxgrad's ops on them."""
+    mesh = explicit_mesh([value]) if mesh is None else mesh
     spec = jax.sharding.PartitionSpec(*parts)  # type: ignore[no-untyped-call]
-    resharded: jax.Array = jax.sharding.reshard(value, spec)  # type: ignore[no-untyped-call]
+    target = spec if mesh is None else jax.sharding.NamedSharding(mesh, spec)
+    resharded: jax.Array = jax.sharding.reshard(value, target)  # type: ignore[no-untyped-call]
     return resharded
 
 
@@ -81,16 +87,17 @@ class Layout:
     have its primal's type. A static pytree: it keeps no array alive."""
 
     spec: Any
+    mesh: Any  # the explicit mesh the primal lives on; None under automatic sharding
 
     @classmethod
     def of(cls, value: jax.Array) -> Layout:
-        return cls(_spec(value))
+        return cls(_spec(value), explicit_mesh([value]))
 
     def apply(self, value: jax.Array) -> jax.Array:
         """``value`` resharded to this layout where explicit sharding gives it another."""
         if not _shards(self.spec) and typed_spec(value) is None:
             return value
-        return value if _spec(value) == self.spec else reshard(value, self.spec)
+        return value if _spec(value) == self.spec else reshard(value, self.spec, self.mesh)
 
 
 def like(value: jax.Array, reference: jax.Array) -> jax.Array:

@@ -240,6 +240,26 @@ def main(check: str, implementation: str | None) -> None:
             "resample, channels cut", resample_loss, (x,), (P(None, None, None, "d"),)
         )
 
+    def explicit_without_set_mesh():
+        """Arrays whose types name the explicit mesh need no ``jax.set_mesh``, for
+        JAX's ops or jaxgrad's (``jax.make_mesh`` makes explicit axes by default):
+        the ops that lay their arrays out (and a large filter's loop, which lays
+        out its carry), batch-cut, give the unsharded results, and gradients keep
+        their primals' types."""
+        for name in ("resample vjp", "depthwise vjp", "depthwise vjp 7x7"):
+            if name in ops:
+                fn, args, _ = ops[name]
+                compare(name, fn, args, 0, 1e-5)
+        # A filter made inside the function: its type names no mesh.
+        compare(
+            "conv, filter made inside", lambda x: conv(x, jnp.full(f.shape, 0.1)), (x,), 0, 1e-5
+        )
+        types_follow_primals("conv, batch cut, no jax.set_mesh", conv_loss, (x, f), (P("d"), P()))
+        types_follow_primals(
+            "resample, rows cut, no jax.set_mesh", resample_loss, (x,), (P(None, "d"),)
+        )
+        print("ok explicit sharding without jax.set_mesh")
+
     if check in ("batch", "channel"):
         axis = 0 if check == "batch" else 3
         for name, (fn, args, reduces_batch) in ops.items():
@@ -272,6 +292,7 @@ def main(check: str, implementation: str | None) -> None:
             explicit_mixed_cuts()
             explicit_result_types()
             explicit_replicated()
+        explicit_without_set_mesh()
     elif check == "train_step":
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
         import unet

@@ -330,9 +330,11 @@ def _run(
     """
     operands, results = roles
     specs = _partition.explicit_specs(conv, operands, results, args)
+    # The mesh some operand's type names: a filter made inside the function names none.
+    mesh = _sharding.explicit_mesh(args)
     if specs is not None:
         arg_specs = specs[: len(operands)]
-        args = tuple(_sharding.reshard(a, s) for a, s in zip(args, arg_specs, strict=True))
+        args = tuple(_sharding.reshard(a, s, mesh) for a, s in zip(args, arg_specs, strict=True))
     result = _implementation.run(
         op,
         impl,
@@ -345,9 +347,9 @@ def _run(
     if specs is None:
         return result
     if len(results) == 1:
-        return _sharding.reshard(result, specs[-1])
+        return _sharding.reshard(result, specs[-1], mesh)
     out_specs = specs[len(operands) :]
-    return tuple(_sharding.reshard(r, s) for r, s in zip(result, out_specs, strict=True))
+    return tuple(_sharding.reshard(r, s, mesh) for r, s in zip(result, out_specs, strict=True))
 
 
 # --------------------------------------------------------------------------------------

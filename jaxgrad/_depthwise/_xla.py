@@ -717,7 +717,8 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
     spec = _sharding.typed_spec(dy5)
     if spec is not None:  # the rows are sharded as dy's channels, and so is the carry
         c = 1 if conv.nchw else 3
-        zeros = _sharding.reshard(zeros, [None, None, spec[c], spec[c + 1]])
+        parts = [None, None, spec[c], spec[c + 1]]
+        zeros = _sharding.reshard(zeros, parts, _sharding.explicit_mesh([dy5]))
     grad: jax.Array = lax.fori_loop(0, steps, step, zeros)
     if rest:
         grad = jnp.concatenate([grad, kernel_rows(steps * per_step, rest)])
