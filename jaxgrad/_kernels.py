@@ -3,10 +3,14 @@ masked loads and stores that behave the same compiled and interpreted."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxgrad import _sharding
 
 
 def _lowering_refused() -> bool:
@@ -33,7 +37,36 @@ try:
 except ImportError:  # a JAX without Pallas' Triton backend
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "lanes", "masked_index", "pl", "plgpu"]
+__all__ = ["AVAILABLE", "lanes", "masked_index", "pl", "plgpu", "varying_as"]
+
+
+# How a jax.ShapeDtypeStruct says it varies across manual axes: a ManualAxisType
+# from JAX 0.10, a set of axis names ("vma") before.
+_MANUAL_AXIS_TYPE = "manual_axis_type" in inspect.signature(jax.ShapeDtypeStruct).parameters
+
+
+def varying_as(out_shape: Any, operands: Sequence[jax.Array]) -> Any:
+    """``out_shape`` (a ``jax.ShapeDtypeStruct``, or a tuple of them) typed to vary
+    across every manual axis of ``jax.shard_map`` along which an operand varies.
+
+    Inside a ``shard_map`` that checks these types (its default), a
+    ``pallas_call``'s results must say how they vary, as JAX's own ops' results
+    do; a kernel computes its device's shard from its operands alone, so it
+    varies as they do. Outside, ``out_shape`` is returned as it is.
+    """
+    axes = frozenset().union(*(_sharding.varying(a) for a in operands))
+    if not axes:
+        return out_shape
+    if _MANUAL_AXIS_TYPE:
+        manual = next(jax.typeof(a).manual_axis_type for a in operands if _sharding.varying(a))
+        kind = {"manual_axis_type": type(manual)(varying=axes)}
+    else:
+        kind = {"vma": axes}
+
+    def typed(struct: Any) -> Any:
+        return jax.ShapeDtypeStruct(struct.shape, struct.dtype, **kind)  # type: ignore[no-untyped-call]
+
+    return tuple(map(typed, out_shape)) if isinstance(out_shape, tuple) else typed(out_shape)
 
 
 def lanes(block: Any, size: int) -> jax.Array:

@@ -80,6 +80,33 @@ def reshard(value: jax.Array, parts: Sequence[Any], mesh: Any = None) -> jax.Arr
     return resharded
 
 
+def varying(value: Any) -> frozenset[str]:
+    """The manual mesh axes (inside ``jax.shard_map``) along which ``value``'s type
+    says it varies from device to device; empty elsewhere."""
+    typeof = getattr(jax, "typeof", None)
+    aval = typeof(value) if typeof else None
+    manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10 and later
+    return frozenset(getattr(manual, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def _as_varying(value: jax.Array, axes: frozenset[str]) -> jax.Array:
+    """``value`` typed as varying along ``axes`` too (a cast: no data moves)."""
+    names = tuple(sorted(axes))
+    pcast = getattr(jax.lax, "pcast", None)
+    if pcast is not None:
+        cast: jax.Array = pcast(value, names, to="varying")
+    else:  # JAX before 0.10
+        cast = jax.lax.pvary(value, names)  # type: ignore[attr-defined]
+    return cast
+
+
+def vary_as(value: jax.Array, *references: jax.Array) -> jax.Array:
+    """``value`` typed to vary along every manual axis along which a reference
+    varies (a loop's carry that the loop's body computes from them, say)."""
+    missing = frozenset().union(*map(varying, references)) - varying(value)
+    return _as_varying(value, missing) if missing else value
+
+
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -88,13 +115,26 @@ class Layout:
 
     spec: Any
     mesh: Any  # the explicit mesh the primal lives on; None under automatic sharding
+    varying: frozenset[str] = frozenset()  # its manual axes that vary, in shard_map
 
     @classmethod
     def of(cls, value: jax.Array) -> Layout:
-        return cls(_spec(value), explicit_mesh([value]))
+        return cls(_spec(value), explicit_mesh([value]), varying(value))
 
     def apply(self, value: jax.Array) -> jax.Array:
-        """``value`` resharded to this layout where explicit sharding gives it another."""
+        """``value`` resharded to this layout where explicit sharding gives it another.
+
+        Inside ``jax.shard_map``, a cotangent that varies along a manual axis its
+        primal does not vary along (the filter gradient of one shard of the batch,
+        for a filter every device shares) is summed over that axis, as JAX's own
+        gradients are: the primal was used on every device.
+        """
+        extra = varying(value) - self.varying
+        if extra:
+            value = jax.lax.psum(value, tuple(sorted(extra)))  # type: ignore[no-untyped-call]
+        missing = self.varying - varying(value)
+        if missing:
+            value = _as_varying(value, missing)
         if not _shards(self.spec) and typed_spec(value) is None:
             return value
         return value if _spec(value) == self.spec else reshard(value, self.spec, self.mesh)

@@ -260,12 +260,35 @@ def main(check: str, implementation: str | None) -> None:
         )
         print("ok explicit sharding without jax.set_mesh")
 
+    def inside_shard_map():
+        """In a ``jax.shard_map`` over the batch (a data-parallel step written by
+        hand), the gradients equal the unsharded ones: the shared filter's is the
+        sum over the devices, as for JAX's own ops. Automatic and explicit meshes."""
+
+        def loss(x, f):
+            y = jaxgrad.relu(conv(x, f))
+            return jnp.sum(jaxgrad.resample(y, (1, 2, 2, 1), **up) ** 2)
+
+        grad = jax.grad(loss, (0, 1))
+        expected = jax.jit(grad)(x, f)
+        explicit = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+        for on in (mesh, explicit):
+            local = jax.shard_map(grad, mesh=on, in_specs=(P("d"), P()), out_specs=(P("d"), P()))
+            placed = (
+                jax.device_put(x, NamedSharding(on, P("d"))),
+                jax.device_put(f, NamedSharding(on, P())),
+            )
+            close(jax.jit(local)(*placed), expected, 1e-5, f"shard_map on {on.axis_types}")
+        print("ok gradients inside jax.shard_map, automatic and explicit meshes")
+
     if check in ("batch", "channel"):
         axis = 0 if check == "batch" else 3
         for name, (fn, args, reduces_batch) in ops.items():
             hlo = compare(name, fn, args, axis, 1e-5)
             found = check_collectives(name, hlo, check, reduces_batch)
             print(f"ok {check:8} {name:18} collectives {found}")
+        if check == "batch" and implementation != "pallas":  # interpreted, it cannot run there
+            inside_shard_map()
     elif check == "spatial":
         # Sharding an axis that is resampled or convolved: halos and gathers cross
         # devices, so collectives are allowed; the result must still be right.

@@ -127,6 +127,64 @@ def test_gradients_through_checkpoint_scan_and_cond(implementation):
     jax.tree.map(close, (remat, cond, scan), (plain, plain, plain))
 
 
+@pytest.mark.parametrize("filter_shape", [(3, 3, 4, 1), (7, 7, 4, 1), (3, 3, 4, 3)])
+@pytest.mark.parametrize("implementation", [None, "xla"])
+def test_gradients_inside_shard_map(filter_shape, implementation):
+    # jax.shard_map types how each array varies across its manual axes, and a
+    # gradient must have its primal's type: the filter every device shares gets
+    # the sum of the devices' gradients, as JAX's own ops give it. (Pallas'
+    # interpret mode does not run inside a shard_map that checks these types; the
+    # kernels' results are typed as their operands vary, for the GPU.)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    kw = dict(implementation=implementation)
+
+    def loss(x, f):
+        y = jaxgrad.relu(jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", **kw))
+        y = jaxgrad.resample(y, (1, 0.5, 0.5, 1), **kw)
+        y = jaxgrad.resize(y, (2, 10, 10, y.shape[-1]), mode="linear", **kw)
+        return (y**2).sum()
+
+    x = jax.random.normal(jax.random.key(0), (2, 8, 8, 4), jnp.float32)
+    f = jax.random.normal(jax.random.key(1), filter_shape, jnp.float32)
+    grad = jax.grad(loss, argnums=(0, 1))
+    spec = jax.sharding.PartitionSpec
+    sharded = jax.shard_map(
+        grad, mesh=mesh, in_specs=(spec("d"), spec()), out_specs=(spec("d"), spec())
+    )
+    got, want = jax.jit(sharded)(x, f), jax.jit(grad)(x, f)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=1e-6), got, want)
+
+
+def test_kernel_results_vary_as_their_operands_inside_shard_map():
+    # With the kernels (on a GPU), inside jax.shard_map each pallas_call's result
+    # must be typed as varying across the manual axes its operands vary across.
+    from jaxgrad import _kernels, _sharding
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    struct = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+    assert _kernels.varying_as(struct, [jnp.ones(3)]) is struct  # outside: as it is
+    seen = []
+
+    def body(x, w):
+        one, (two, three) = (
+            _kernels.varying_as(s, ops) for s, ops in ((struct, [w]), ((struct, struct), [w, x]))
+        )
+        seen.extend([one, two, three])
+        assert _sharding.varying(x) == {"d"} and not _sharding.varying(w)
+        return x
+
+    spec = jax.sharding.PartitionSpec
+    jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec("d"), spec()), out_specs=spec("d")))(
+        jnp.ones(4), jnp.ones(4)
+    )
+    one, two, three = seen
+    assert one is struct  # no operand varies
+    for typed in (two, three):
+        assert (typed.shape, typed.dtype) == (struct.shape, struct.dtype)
+        manual = getattr(typed, "manual_axis_type", None)
+        assert (manual.varying if manual is not None else typed.vma) == {"d"}
+
+
 def test_one_jitted_step_lowers_for_every_backend(patch):
     # A step through every op family, jitted once, lowers for each platform a user
     # may run it on: the Pallas kernels where the program is for a CUDA GPU (the

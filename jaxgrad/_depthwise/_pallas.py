@@ -77,7 +77,7 @@ class _Launch:
             params = plgpu.CompilerParams(num_warps=self.warps, num_stages=2)
         return pl.pallas_call(  # type: ignore[no-any-return]
             functools.partial(kernel, launch=self),
-            out_shape=out_shape,
+            out_shape=_kernels.varying_as(out_shape, args),
             grid=grid,
             interpret=self.interpret,
             compiler_params=params,

@@ -334,10 +334,16 @@ def _on_tpus(
 ) -> jax.Array:
     """``convolution(*args, conv)`` on TPU platforms and ``portable(*args, conv)``
     elsewhere, chosen when the program is lowered for its platform. Under explicit
-    sharding, the portable arithmetic everywhere: lax's convolution there asks
-    for its result's sharding, which the transposes for the gradients cannot pass
-    it (and every platform's branch is traced, whichever is lowered)."""
-    if not _convolution.covers(conv) or _sharding.explicit_mesh(args) is not None:
+    sharding, and inside ``jax.shard_map`` on arrays that vary across its manual
+    axes, the portable arithmetic everywhere: lax's convolution there asks for
+    its result's sharding, and the transposes for the gradients take types
+    without those axes, which they cannot match (and every platform's branch is
+    traced, whichever is lowered)."""
+    if (
+        not _convolution.covers(conv)
+        or _sharding.explicit_mesh(args) is not None
+        or any(_sharding.varying(a) for a in args)
+    ):
         return portable(*args, conv)
     chosen: jax.Array = lax.platform_dependent(
         *args,
@@ -714,6 +720,7 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
         return updated
 
     zeros = jnp.zeros((steps * per_step, fw, conv.channels, conv.multiplier), dtype)
+    zeros = _sharding.vary_as(zeros, padded, dy5)  # as the steps' sums, in a shard_map
     spec = _sharding.typed_spec(dy5)
     if spec is not None:  # the rows are sharded as dy's channels, and so is the carry
         c = 1 if conv.nchw else 3

@@ -317,7 +317,10 @@ def apply(
             exact=work.exact,
             launch=launch,
         ),
-        out_shape=jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
+        out_shape=_kernels.varying_as(
+            jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
+            [x],
+        ),
         grid=(
             view_out[0]
             * pl.cdiv(view_out[1], launch.rows)
