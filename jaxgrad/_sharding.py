@@ -1,9 +1,12 @@
-"""Arrays whose type says how they are sharded: JAX's explicit sharding.
+"""Arrays whose type says how they are sharded: JAX's explicit sharding, and the
+manual axes of ``jax.shard_map``.
 
 Under a mesh of explicit axes (``jax.make_mesh``'s default) an array's sharding
 is part of its type, and every operation must agree with its operands' shardings
 where XLA's partitioner would otherwise move data on its own. The mesh is the
-one the types name, with or without ``jax.set_mesh``.
+one the types name, with or without ``jax.set_mesh``. Inside ``jax.shard_map``
+the type says along which manual axes an array varies from device to device
+(``varying``), and a custom VJP's cotangents must say the same as its primals.
 """
 
 from __future__ import annotations
