@@ -335,7 +335,7 @@ def main() -> None:
     save()
     for family in args.family:
         for case, op, build in CASES[family](args.smoke):
-            if args.cases and not any(c in case for c in args.cases):
+            if not gpu.chosen(case, args.cases):
                 continue
             if args.ops and op not in args.ops:
                 continue

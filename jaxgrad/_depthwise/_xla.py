@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,8 @@ from jaxgrad._depthwise._plan import Conv
 _GPU_PLATFORMS = ("cuda", "rocm")
 # The platforms whose XLA gets its own convolution instead (``_convolution``).
 _TPU_PLATFORMS = ("tpu",)
+
+T = TypeVar("T")
 
 
 def _spatial_axes(conv: Conv) -> tuple[int, int]:
@@ -264,14 +266,10 @@ def _few_taps(conv: Conv) -> bool:
     return conv.kernel[0] * conv.kernel[1] <= _MAX_BLOCKED_TAPS
 
 
-def _on_gpus(
-    args: tuple[jax.Array, ...],
-    gpus: Callable[..., jax.Array],
-    default: Callable[..., jax.Array],
-) -> jax.Array:
-    """``gpus(*args)`` on GPU platforms and ``default(*args)`` elsewhere, chosen
-    when the program is lowered for its platform."""
-    chosen: jax.Array = lax.platform_dependent(
+def _on_gpus(args: tuple[jax.Array, ...], gpus: Callable[..., T], default: Callable[..., T]) -> T:
+    """``gpus(*args)`` on GPU platforms and ``default(*args)`` elsewhere (an array,
+    or a tuple of them), chosen when the program is lowered for its platform."""
+    chosen: T = lax.platform_dependent(
         *args, **dict.fromkeys(_GPU_PLATFORMS, gpus), default=default
     )
     return chosen
@@ -292,10 +290,7 @@ def _from_memory_on_gpus(*operands: jax.Array) -> tuple[jax.Array, ...]:
     def barrier(*arrays: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(lax.optimization_barrier(arrays))  # type: ignore[no-untyped-call]
 
-    chosen = lax.platform_dependent(
-        *operands, **dict.fromkeys(_GPU_PLATFORMS, barrier), default=lambda *arrays: arrays
-    )
-    return tuple(chosen)
+    return _on_gpus(operands, gpus=barrier, default=lambda *arrays: arrays)
 
 
 def _half_nchw(conv: Conv, operand: jax.Array) -> bool:
