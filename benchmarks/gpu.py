@@ -61,6 +61,17 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxgrad  # noqa: E402
 
+
+def x64(enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """A context with float64 on or off: ``jax.enable_x64`` from JAX 0.8, its
+    experimental predecessor before."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(enabled)  # type: ignore[no-any-return]
+    from jax import experimental
+
+    return experimental.enable_x64() if enabled else experimental.disable_x64()
+
+
 CASES = [
     # name, (N, H, W, C), (fh, fw, M), stride
     ("[32,112,112,96] 3x3 s1", (32, 112, 112, 96), (3, 3, 1), 1),
@@ -286,7 +297,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
         for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, fr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, f, dy))
-            with jax.default_device(cpu), jax.enable_x64(True):
+            with jax.default_device(cpu), x64(True):
                 ref = {
                     k: np.asarray(v(*a))
                     for k, v, a in _named(
@@ -575,7 +586,7 @@ def resample_correctness(
         for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, dy))
-            with jax.default_device(cpu), jax.enable_x64(True):
+            with jax.default_device(cpu), x64(True):
                 ops = jaxgrad_resample(shape, scales, mode, "xla")
                 ref = {"forward": np.asarray(ops["forward"](xr))}
                 ref["backward"] = np.asarray(ops["backward"](dyr))

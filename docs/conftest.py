@@ -5,11 +5,19 @@ the doctests in these pages show what a user sees by default (float32 results), 
 each runs with the defaults restored.
 """
 
+import pathlib
+
 import jax
 import pytest
 
+from jaxgrad import _kernels
+
 # The Python files here are the site's tooling, not documentation with examples.
 collect_ignore = ["conf.py", "make_figures.py"]
+
+# Pages whose examples run the Pallas kernels (interpreted on the CPU): they need a
+# JAX with Pallas' Triton backend, as the kernels' tests do (tests/helpers.py).
+KERNEL_PAGES = {pathlib.Path(__file__).parent / "resample.md"}
 
 JAX_DEFAULTS = {
     "jax_enable_x64": False,
@@ -26,3 +34,12 @@ def jax_defaults():
     yield
     for name, value in saved.items():
         jax.config.update(name, value)
+
+
+def pytest_collection_modifyitems(items):
+    if _kernels.AVAILABLE:
+        return
+    reason = f"this JAX ({jax.__version__}) does not lower Pallas' Triton kernels"
+    for item in items:
+        if item.path in KERNEL_PAGES:
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -20,13 +20,12 @@ import jax
 
 
 def _typed_sharding(value: Any) -> Any:
-    """The sharding in ``value``'s type; ``None`` for a JAX without sharding in types."""
-    typeof = getattr(jax, "typeof", None)
-    return getattr(typeof(value), "sharding", None) if typeof else None
+    """The sharding in ``value``'s type (``None`` for a value that is no array)."""
+    return getattr(jax.typeof(value), "sharding", None)
 
 
 def _spec(value: Any) -> Any:
-    """The ``PartitionSpec`` of ``value``'s type; ``None`` for a JAX without one."""
+    """The ``PartitionSpec`` of ``value``'s type, if it has one."""
     return getattr(_typed_sharding(value), "spec", None)
 
 
@@ -36,8 +35,7 @@ def _shards(spec: Any) -> bool:
 
 def typed_spec(value: Any) -> Any:
     """The ``PartitionSpec`` that ``value``'s type shards it by, or ``None`` where its
-    type does not shard it (automatic sharding, a replicated array, or a JAX
-    without sharding in types)."""
+    type does not shard it (automatic sharding, or a replicated array)."""
     spec = _spec(value)
     return spec if _shards(spec) else None
 
@@ -45,13 +43,10 @@ def typed_spec(value: Any) -> Any:
 def explicit_mesh(args: Sequence[Any]) -> Any:
     """The mesh of explicit axes that ``args`` live on: the one their types name,
     else the one ``jax.set_mesh`` entered; ``None`` under automatic sharding."""
-    axis_type = getattr(jax.sharding, "AxisType", None)
-    if axis_type is None:  # a JAX without explicit sharding
-        return None
     meshes = [getattr(_typed_sharding(a), "mesh", None) for a in args]
     meshes.append(jax.sharding.get_abstract_mesh())
     for mesh in meshes:
-        if axis_type.Explicit in getattr(mesh, "axis_types", ()):
+        if jax.sharding.AxisType.Explicit in getattr(mesh, "axis_types", ()):
             return mesh
     return None
 
@@ -86,8 +81,7 @@ def reshard(value: jax.Array, parts: Sequence[Any], mesh: Any = None) -> jax.Arr
 def varying(value: Any) -> frozenset[str]:
     """The manual mesh axes (inside ``jax.shard_map``) along which ``value``'s type
     says it varies from device to device; empty elsewhere."""
-    typeof = getattr(jax, "typeof", None)
-    aval = typeof(value) if typeof else None
+    aval = jax.typeof(value)
     manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10 and later
     return frozenset(getattr(manual, "varying", None) or getattr(aval, "vma", None) or ())
 
@@ -98,7 +92,7 @@ def _as_varying(value: jax.Array, axes: frozenset[str]) -> jax.Array:
     pcast = getattr(jax.lax, "pcast", None)
     if pcast is not None:
         cast: jax.Array = pcast(value, names, to="varying")
-    else:  # JAX before 0.10
+    else:  # JAX 0.7, which has pvary only
         cast = jax.lax.pvary(value, names)  # type: ignore[attr-defined]
     return cast
 

@@ -6,9 +6,9 @@ fresh processes (tests/test_determinism.py here, benchmarks/gpu.py on a GPU).
 Each line is ``<case> <sha256 of the result's bytes>``. The resample and depthwise
 ops run in every implementation that can run on the default backend (the default,
 "xla" and "pallas" on CUDA GPUs; "xla", and "pallas" in float32, on the CPU, where
-the default is "xla"). ``large`` uses the shapes a GPU trains on, where XLA's
-autotuner would pick a reduction's tiling per process; ``small`` keeps interpreted
-kernels quick on the CPU.
+the default is "xla"; "pallas" only where this JAX has Pallas' Triton backend).
+``large`` uses the shapes a GPU trains on, where XLA's autotuner would pick a
+reduction's tiling per process; ``small`` keeps interpreted kernels quick on the CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxgrad
+from jaxgrad import _kernels
 
 SIZES = {
     # (resample input NHWC, depthwise input NHWC, depthwise filters). With a
@@ -47,10 +48,11 @@ def implementations(dtype) -> list[str | None]:
     programs), so it is not run twice, and the interpreted kernels, slow to compile,
     run in float32 alone: interpreted, a half type changes only what they load."""
     platform = jax.default_backend()
+    kernels = ["pallas"] if _kernels.AVAILABLE else []
     if platform == "cpu":
-        return ["xla", "pallas"] if dtype == jnp.float32 else ["xla"]
+        return ["xla", *kernels] if dtype == jnp.float32 else ["xla"]
     if platform == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower():
-        return [None, "xla", "pallas"]
+        return [None, "xla", *kernels]
     return [None, "xla"]
 
 

@@ -13,6 +13,9 @@ from unittest import mock
 
 import jax
 import numpy as np
+import pytest
+
+from jaxgrad import _kernels
 
 # Tolerances per dtype, as JAX's own image tests use them.
 TOLERANCE = {
@@ -53,6 +56,16 @@ def compiled_entry(fn, *args):
     arrays it writes between its loops, not the ones inside a fused loop."""
     return jax.jit(fn).lower(*args).compile().as_text().split("ENTRY", 1)[1]
 
+
+# Tests of the Pallas kernels, which run only on a JAX whose Pallas has the Triton
+# backend they are written for (every JAX jaxgrad supports, until JAX drops it). On
+# another JAX the ops' default is the portable program, which the rest of the suite
+# tests. test_depthwise_implementations.py checks that _kernels.AVAILABLE is true
+# wherever the kernels can run, so that they are never skipped by mistake.
+needs_kernels = pytest.mark.skipif(
+    not _kernels.AVAILABLE,
+    reason=f"this JAX ({jax.__version__}) does not lower Pallas' Triton kernels",
+)
 
 # The custom call a Pallas Triton kernel lowers to.
 TRITON_CALL = "__gpu$xla.gpu.triton"

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import H100_CAPABILITY, TRITON_CALL, gpu_stand_in, lowered_text
+from helpers import H100_CAPABILITY, TRITON_CALL, gpu_stand_in, lowered_text, needs_kernels
+from jax import export
 
 import jaxgrad
 from jaxgrad import _implementation
@@ -97,7 +98,7 @@ def test_an_eager_call_runs_one_compiled_program(call):
     assert compiles.names == first, "the second call compiled again"
 
 
-@pytest.mark.parametrize("implementation", [None, "pallas"])
+@pytest.mark.parametrize("implementation", [None, pytest.param("pallas", marks=needs_kernels)])
 def test_gradients_through_checkpoint_scan_and_cond(implementation):
     # Training code wraps layers in jax.checkpoint (recomputed in the backward),
     # lax.scan (one traced body for every layer) and lax.cond: each gives the
@@ -183,6 +184,7 @@ def test_kernel_results_vary_as_their_operands_inside_shard_map():
         assert (manual.varying if manual is not None else typed.vma) == {"d"}
 
 
+@needs_kernels
 def test_one_jitted_step_lowers_for_every_backend(patch):
     # A step through every op family, jitted once, lowers for each platform a user
     # may run it on: the Pallas kernels where the program is for a CUDA GPU (the
@@ -217,6 +219,7 @@ def test_the_kernels_need_every_gpu_to_be_an_ampere_or_newer(patch):
     assert _implementation._cuda_capability.__wrapped__() is None
 
 
+@needs_kernels
 def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
     # docs/export.md: where the process has a CUDA GPU (given one here), a program
     # exported for CUDA holds the Triton kernels, which jax.export refuses to
@@ -230,9 +233,9 @@ def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
         return (jaxgrad.resample(y, (1, 2, 2, 1), mode="linear") ** 2).sum()
 
     step = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    triton = jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)
+    triton = export.DisabledSafetyCheck.custom_call(TRITON_CALL)
     with gpu_stand_in():
         with pytest.raises(ValueError, match="no compatibility guarantees"):
-            jax.export.export(step, platforms=("cuda",))(x, f)
-        exported = jax.export.export(step, platforms=("cuda",), disabled_checks=[triton])(x, f)
+            export.export(step, platforms=("cuda",))(x, f)
+        exported = export.export(step, platforms=("cuda",), disabled_checks=[triton])(x, f)
     assert exported.mlir_module().count(TRITON_CALL) > 0

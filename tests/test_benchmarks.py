@@ -11,11 +11,12 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from helpers import run_script
+from helpers import needs_kernels, run_script
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
+@needs_kernels
 def test_gpu_benchmark_smoke(tmp_path):
     out = tmp_path / "gpu.json"
     result = run_script("benchmarks/gpu.py", "--smoke", "--skip-determinism", "--json", str(out))
@@ -35,6 +36,7 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert "| default / roofline |" in result.stdout
 
 
+@needs_kernels
 def test_tune_smoke(tmp_path, monkeypatch):
     """``benchmarks/tune.py --smoke`` searches launches of both kernel families on a
     tiny case (a gradient of each, the ops ``--ops`` names): each op starts from the
@@ -66,6 +68,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
     assert "| current launch |" in result.stdout
 
 
+@needs_kernels
 def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     """A candidate launch that fails to compile or run is recorded with its error
     and never chosen, and the search goes on (a GPU run must not end there)."""
@@ -316,6 +319,7 @@ def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypa
     assert "Fresh processes: failed" in table
 
 
+@needs_kernels
 def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     """``kernel_report.py --train-step`` lowers the example U-Net's step for CUDA
     as a GPU would, with the default implementation: every depthwise layer's
@@ -326,12 +330,13 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     float32 linear gradients stay with XLA, which compiles them into one pass).
     Lowering needs no GPU and no ``triton`` package."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
     import kernel_report
 
     # The example runs as JAX does by default: float32, ranks and Python scalars
     # promoted (the suite runs in float64, strictly).
     with (
-        jax.enable_x64(False),
+        gpu.x64(False),
         jax.numpy_dtype_promotion("standard"),
         jax.numpy_rank_promotion("allow"),
     ):

@@ -23,7 +23,7 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, compiled_entry, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, compiled_entry, needs_kernels, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -352,7 +352,7 @@ def test_an_empty_input_reads_only_padding(data_format, m):
     np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
 
 
-@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
 @pytest.mark.parametrize("kernel", [3, 7])  # 7x7: "xla" sums the filter gradient by rows
 def test_a_batch_of_zero_images(implementation, kernel):
     # No images: empty results, and a filter gradient of zeros (an empty sum), in

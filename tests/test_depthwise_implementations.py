@@ -24,7 +24,15 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import H100_CAPABILITY, TOLERANCE, TRANSFORMS, TRITON_CALL, lowered_text, transformed
+from helpers import (
+    H100_CAPABILITY,
+    TOLERANCE,
+    TRANSFORMS,
+    TRITON_CALL,
+    lowered_text,
+    needs_kernels,
+    transformed,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src import deprecations
@@ -95,6 +103,7 @@ def relative_error(got, want):
 
 
 # Interpreted kernels compile slowly: fewer examples than the default implementation's.
+@needs_kernels
 @settings(max_examples=10)
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.integers(0, 2**31 - 1))
 def test_kernels_match_reference(cfg, data_format, seed):
@@ -118,6 +127,7 @@ def accuracy_grid():
                 )
 
 
+@needs_kernels
 @pytest.mark.parametrize("case, data_format, dtype", list(accuracy_grid()))
 def test_kernels_accumulate_in_float32(case, data_format, dtype):
     # float32: within 1e-6 relative of float64. Half types: the float32 sums of the
@@ -136,6 +146,7 @@ def test_kernels_accumulate_in_float32(case, data_format, dtype):
             assert error <= 1.25 * relative_error(portable[name], want[name]) + 1e-6, name
 
 
+@needs_kernels
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_kernels_under_transforms(transform):
     cfg = make_cfg(*CASES[1])
@@ -145,6 +156,7 @@ def test_kernels_under_transforms(transform):
         np.testing.assert_allclose(got[name], want, rtol=TOLERANCE[np.dtype("float32")], atol=1e-4)
 
 
+@needs_kernels
 def test_kernels_check_grads():
     # The VJPs of the kernel path are the kernel path's ops: checked to second order,
     # on a small strided case with a multiplier (interpreted kernels compile slowly).
@@ -156,6 +168,7 @@ def test_kernels_check_grads():
         check_grads(jax.jit(fn), args[name], order=2, modes=["rev"])
 
 
+@needs_kernels
 def test_kernel_vjps_are_the_kernel_ops():
     cfg = make_cfg(*CASES[2])
     (x, f, dy), _ = operands(cfg, "NCHW", jnp.float64)
@@ -165,6 +178,7 @@ def test_kernel_vjps_are_the_kernel_ops():
     np.testing.assert_array_equal(gf, ops["backprop_filter"](x, dy))
 
 
+@needs_kernels
 @pytest.mark.parametrize(("data_format", "m"), [("NHWC", 1), ("NCHW", 2)])
 def test_kernels_read_padding_as_zero_next_to_inf_and_nan(data_format, m):
     # Masked lanes load their clamped neighbours' addresses on no device and read 0:
@@ -178,6 +192,7 @@ def test_kernels_read_padding_as_zero_next_to_inf_and_nan(data_format, m):
     np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+@needs_kernels
 def test_kernels_with_an_empty_input():
     cfg = make_cfg((2, 0, 4, 3), (2, 1, 3, 2), (1, 1), (1, 1), "EXPLICIT", ((2, 1), (0, 0)))
     x, f, dy = random_operands(cfg, 5)
@@ -191,6 +206,7 @@ def test_kernels_with_an_empty_input():
 LARGE = ((1, 9, 10, 2), (7, 7, 2, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
 
 
+@needs_kernels
 def test_a_filter_larger_than_one_program_holds():
     # The filter gradient splits the taps into groups of whole filter rows, each
     # group its own program.
@@ -207,6 +223,7 @@ def test_a_filter_larger_than_one_program_holds():
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+@needs_kernels
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_programs_of_many_rows(case, data_format, monkeypatch):
@@ -235,6 +252,7 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     ("kernel", "strides", "dilations", "padding"),
     [
@@ -289,6 +307,7 @@ def test_rows_kept_in_registers_change_no_bits(
         assert relative_error(got[True][name][finite], want[finite]) < 1e-6, name
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     ("data_format", "channels", "m", "repeats"),
     [
@@ -317,6 +336,7 @@ def test_multipliers_read_each_input_channel_once_where_they_can(data_format, ch
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
 
 
+@needs_kernels
 def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
     # The last kernel of the filter gradient adds the partials in blocks of
     # _SUM_BLOCK elements, at most _SUM_LANES filter elements a program. Small
@@ -418,6 +438,7 @@ def fused_grid():
                 yield pytest.param(case, data_format, dtype, many_rows, id=name)
 
 
+@needs_kernels
 @pytest.mark.parametrize(("case", "data_format", "dtype", "many_rows"), list(fused_grid()))
 def test_both_gradients_in_one_kernel_are_the_two_kernels_sums(
     case, data_format, dtype, many_rows, monkeypatch
@@ -460,6 +481,7 @@ def test_both_gradients_in_one_kernel_are_the_two_kernels_sums(
         np.testing.assert_allclose(gf, want["backprop_filter"], rtol=1e-10, atol=1e-10)
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     ("wrt", "kernels"),
     [
@@ -480,6 +502,7 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
     assert set(re.findall(r"_[a-z]+_kernel\b", text)) == {"_forward_kernel", *kernels}
 
 
+@needs_kernels
 def test_both_gradients_in_one_kernel_under_vmap():
     # Batched, the kernel of two results goes through pallas_call's batching rule.
     cfg = make_cfg(*FUSED[0])
@@ -496,6 +519,7 @@ def test_both_gradients_in_one_kernel_under_vmap():
             np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
 
 
+@needs_kernels
 def test_both_gradients_in_one_kernel_check_grads():
     # Their VJP is the two gradient ops' VJPs added; checked to second order.
     cfg = make_cfg((1, 5, 4, 2), (3, 2, 2, 1), (1, 1), (1, 1), "SAME")
@@ -566,6 +590,7 @@ def test_default_is_the_portable_program_on_the_cpu():
     assert lowered(None, "cpu") == lowered("xla", "cpu")
 
 
+@needs_kernels
 def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(patch):
     patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL in lowered(None, "cuda")
@@ -574,6 +599,7 @@ def test_default_picks_the_kernels_when_the_program_is_lowered_for_cuda(patch):
     assert TRITON_CALL not in lowered(None, "cuda", jnp.float64)
 
 
+@needs_kernels
 def test_default_is_the_portable_program_on_gpus_older_than_ampere(patch):
     # XLA compiles Triton kernels for GPUs of compute capability 8.0 and newer
     # only: on a V100 or a T4 the default program is exactly "xla"'s.
@@ -584,6 +610,7 @@ def test_default_is_the_portable_program_on_gpus_older_than_ampere(patch):
     assert TRITON_CALL in lowered(None, "cuda")
 
 
+@needs_kernels
 def test_explicit_pallas_raises_on_gpus_older_than_ampere(patch):
     patch(_implementation, "_backend_platform", lambda: "cuda")
     patch(_implementation, "_cuda_capability", lambda: (7, 0))
@@ -603,11 +630,22 @@ def test_a_jax_that_refuses_to_lower_triton_kernels_is_recognised(patch):
     # JAX 0.11 deprecates Pallas' Triton backend. Once JAX turns the deprecation
     # into an error, _kernels.AVAILABLE is false, and the ops behave as in
     # test_default_falls_back_without_pallas.
+    patch(deprecations, "is_accelerated", lambda name: False)
     assert not _kernels._lowering_refused()
     patch(deprecations, "is_accelerated", lambda name: name == "jax-pallas-triton")
     assert _kernels._lowering_refused()
 
 
+def test_the_kernels_run_on_every_jax_that_lowers_them():
+    # Every JAX jaxgrad supports (0.7.2 and later) has the loads and stores of
+    # Pallas' Triton backend that the kernels use, until JAX refuses to lower it.
+    # Where this JAX lowers them, the kernels' tests run (tests/helpers.py:
+    # needs_kernels); a wrong AVAILABLE would skip them.
+    lowers = not _kernels._lowering_refused()
+    assert lowers == _kernels.AVAILABLE
+
+
+@needs_kernels
 def test_explicit_pallas_raises_on_another_backend(patch):
     patch(_implementation, "_backend_platform", lambda: "tpu")
     with pytest.raises(ValueError, match=r"runs on CUDA GPUs .* not on 'tpu'"):
@@ -634,6 +672,7 @@ def test_bad_implementation(bad):
 LOWERING_CASES = [*CASES, LARGE]
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("case", range(len(LOWERING_CASES)))

@@ -16,6 +16,7 @@ from helpers import (
     TOLERANCE,
     TRITON_CALL,
     lowered_text,
+    needs_kernels,
     transformed,
 )
 from hypothesis import given, settings
@@ -52,6 +53,7 @@ def both_ways(x, dy, in_shape, scales, out_shape=None, **kw):
 
 
 # Each example compiles a new interpreted kernel (about half a second a direction).
+@needs_kernels
 @settings(max_examples=15, deadline=None)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_kernel_matches_reference(c, seed):
@@ -75,6 +77,7 @@ def assert_matches_references(c, x, dy, y, dx):
     np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_kernel_in_every_float_dtype(case, dtype):
@@ -96,6 +99,7 @@ def test_kernel_in_every_float_dtype(case, dtype):
     )
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize(
     "in_shape, scales",
@@ -118,6 +122,7 @@ def test_kernel_half_precision_accumulates_in_float32(dtype, in_shape, scales):
     )
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", [*INTEGER_DTYPES, jnp.bool_, jnp.bfloat16, jnp.float32])
 def test_kernel_nearest_forward_moves_values_exactly(dtype):
     # A pure gather moves the values as they are: every integer, every bool, the
@@ -136,6 +141,7 @@ def test_kernel_nearest_forward_moves_values_exactly(dtype):
         np.testing.assert_array_equal(np.asarray(kernel), np.asarray(portable))
 
 
+@needs_kernels
 def test_kernel_does_not_read_taps_of_weight_zero():
     # Sampling exactly on input pixels: the second linear tap has weight 0, so an inf
     # beside it must not turn into NaN (0 * inf).
@@ -146,6 +152,7 @@ def test_kernel_does_not_read_taps_of_weight_zero():
     np.testing.assert_array_equal(dx, [np.inf, 0, 1, 0])
 
 
+@needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_loops_over_many_taps(mode):
     # Each input of a 40x upsampling feeds 40 (nearest) or 80 (linear) outputs, more
@@ -159,6 +166,7 @@ def test_kernel_loops_over_many_taps(mode):
     np.testing.assert_allclose(dx, reference_resample_grad(dy, (2, 8), *args), rtol=1e-12)
 
 
+@needs_kernels
 def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
     # A long axis with a pattern has its rows computed in the program from one
     # period, not listed: the same tables, so the same bits.
@@ -176,6 +184,7 @@ def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@needs_kernels
 @pytest.mark.parametrize("transform", ["eager", "jit", "vmap"])
 def test_kernel_under_transforms(transform):
     rng = np.random.default_rng(5)
@@ -185,6 +194,7 @@ def test_kernel_under_transforms(transform):
     np.testing.assert_allclose(fn(x), expected(x), rtol=1e-6, atol=1e-6)
 
 
+@needs_kernels
 def test_kernel_check_grads():
     # Second order: resample's VJP is resample_grad's kernel, and its VJP resample's.
     x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 4, 5)))
@@ -196,6 +206,7 @@ def test_kernel_check_grads():
     )
 
 
+@needs_kernels
 def test_kernel_vjps_are_kernels():
     x = jnp.ones((2, 4, 5), jnp.float32)
 
@@ -206,6 +217,7 @@ def test_kernel_vjps_are_kernels():
     assert text.count(TRITON_CALL) == 2  # forward and gradient, both kernels
 
 
+@needs_kernels
 @pytest.mark.parametrize("ctm", ["half_pixel", "align_corners", "asymmetric"])
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize_takes_the_kernel(ctm, mode):
@@ -216,6 +228,7 @@ def test_resize_takes_the_kernel(ctm, mode):
     np.testing.assert_allclose(kernel, portable, rtol=1e-6, atol=1e-6)
 
 
+@needs_kernels
 def test_kernel_with_identity_and_empty_axes():
     x = jnp.ones((2, 3), jnp.float32)
     np.testing.assert_array_equal(jaxgrad.resample(x, (1, 1), **KERNEL), x)
@@ -371,6 +384,7 @@ def test_default_is_the_portable_program_on_the_cpu():
         assert lowered(None, "cpu", grad=grad) == lowered("xla", "cpu", grad=grad)
 
 
+@needs_kernels
 def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL not in lowered(None, "cpu")
@@ -398,6 +412,7 @@ def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
             assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, grad=True, scales=scales)
 
 
+@needs_kernels
 def test_default_is_the_portable_program_on_gpus_older_than_ampere(patch):
     # XLA compiles Triton kernels for compute capability 8.0 and newer only.
     patch(_implementation, "_cuda_capability", lambda: (7, 5))
@@ -416,6 +431,7 @@ def test_default_falls_back_without_pallas(patch):
         lowered("pallas", "cpu")
 
 
+@needs_kernels
 def test_explicit_pallas_raises_on_another_backend(patch):
     patch(_implementation, "_backend_platform", lambda: "tpu")
     with pytest.raises(ValueError, match=r"resample: implementation='pallas' runs on CUDA GPUs"):
@@ -454,6 +470,7 @@ LOWERING_CASES = [
 ]
 
 
+@needs_kernels
 @pytest.mark.parametrize("case", LOWERING_CASES, ids=lambda c: f"{c[1]}-{c[2]}")
 def test_kernel_lowers_for_cuda(case):
     # Builds the kernel's Triton program, as a GPU run would before compiling it:

@@ -6,7 +6,7 @@ JAX fixes its device count at start-up, so each check runs in a subprocess.
 """
 
 import pytest
-from helpers import run_script
+from helpers import needs_kernels, run_script
 
 
 @pytest.mark.parametrize(
@@ -16,10 +16,13 @@ from helpers import run_script
         # JAX's explicit sharding (sharding in types): batch, channels, spatial
         # and mixed cuts, for the default and the kernels.
         ("explicit", "default"),
-        ("explicit", "pallas"),
+        pytest.param("explicit", "pallas", marks=needs_kernels),
         # The depthwise and resample kernels (interpreted on the CPU devices), each on
         # its shard.
-        *[(check, "pallas") for check in ("batch", "channel", "spatial")],
+        *[
+            pytest.param(check, "pallas", marks=needs_kernels)
+            for check in ("batch", "channel", "spatial")
+        ],
     ],
 )
 def test_sharded(check, implementation):
