@@ -372,6 +372,30 @@ def test_a_batch_of_zero_images(implementation, kernel):
     np.testing.assert_array_equal(gf, np.zeros(cfg["f_shape"]))
 
 
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
+def test_gradients_of_one_operand_after_gradients_of_both(implementation):
+    # The backward computes only the gradients asked for. Asking for both, then for
+    # one, in one process reuses the traced backward: on JAX 0.7 that failed with
+    # an AssertionError unless the backward's results kept one structure. The same
+    # for second order, through the gradients' own backward.
+    cfg = make_cfg((2, 6, 5, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
+    x, f, _ = (jnp.asarray(a) for a in random_operands(cfg, 7))
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation=implementation)
+        return (y**2).sum()
+
+    def through_gradients(x, f):
+        dx, df = jax.grad(loss, argnums=(0, 1))(x, f)
+        return (dx**2).sum() + (df**2).sum()
+
+    for fn in (loss, through_gradients):
+        both = jax.jit(jax.grad(fn, argnums=(0, 1)))(x, f)
+        for i in (0, 1):
+            (alone,) = jax.jit(jax.grad(fn, argnums=(i,)))(x, f)
+            np.testing.assert_allclose(alone, both[i], rtol=1e-12, atol=1e-12)
+
+
 def test_same_puts_the_odd_pixel_after():
     # n = 4, k = 2, s = 1: need = 1, so before = 0 and after = 1 (bottom/right).
     x = jnp.arange(16.0).reshape(1, 4, 4, 1)

@@ -382,22 +382,28 @@ def _conv_fwd(x: Any, f: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, 
     return _conv(saved.x, saved.f, conv, impl), saved
 
 
-def _conv_bwd(
-    conv: Conv, impl: str | None, saved: _Saved, g: Any
-) -> tuple[jax.Array | None, jax.Array | None]:
+def _no_cotangent(primal: jax.Array) -> SymbolicZero:
+    """A zero cotangent for ``primal`` that costs nothing. Unlike ``None`` it keeps
+    a backward's results one pytree whichever operands are differentiated, which
+    JAX 0.7 requires of a backward it has traced before (it raised an
+    AssertionError on a gradient of one operand after one of both)."""
+    return SymbolicZero(jax.typeof(primal).to_tangent_aval())
+
+
+def _conv_bwd(conv: Conv, impl: str | None, saved: _Saved, g: Any) -> tuple[Any, Any]:
     """Both gradients in one call where both are wanted (one kernel may compute
     them), else the one wanted: a kernel computing both cannot be cut in half
     where the other goes unused, as an unused op is dropped."""
     x, f = saved.x, saved.f
     if isinstance(g, SymbolicZero):
-        return None, None
+        return _no_cotangent(x), _no_cotangent(f)
     wants_dx, wants_df = saved.wanted
     if wants_dx and wants_df:
         dx, df = _backprops(x, f, g, conv, impl)
         return _sharding.like(dx, x), _sharding.like(df, f)
     if wants_dx:
-        return _sharding.like(_backprop_input(f, g, conv, impl), x), None
-    return None, _sharding.like(_backprop_filter(x, g, conv, impl), f)
+        return _sharding.like(_backprop_input(f, g, conv, impl), x), _no_cotangent(f)
+    return _no_cotangent(x), _sharding.like(_backprop_filter(x, g, conv, impl), f)
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd, symbolic_zeros=True)
@@ -441,11 +447,10 @@ def _backprops_bwd(
     impl: str | None,
     residuals: tuple[jax.Array, jax.Array, jax.Array],
     cotangents: tuple[Any, Any],
-) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
+) -> tuple[Any, Any, Any]:
     """The backward rules of ``_backprop_input`` and ``_backprop_filter``, added.
-    A symbolic-zero cotangent adds nothing (None: no cotangent), so that a
-    derivative through one of the two gradients costs what it did through that
-    op alone."""
+    A symbolic-zero cotangent adds nothing, so that a derivative through one of
+    the two gradients costs what it did through that op alone."""
     x, f, dy = residuals
     c_dx, c_df = (None if isinstance(c, SymbolicZero) else c for c in cotangents)
     cx = cf = cdy = None
@@ -455,7 +460,7 @@ def _backprops_bwd(
         cx, from_df = _backprop_input(c_df, dy, conv, impl), _conv(x, c_df, conv, impl)
         cdy = from_df if cdy is None else cdy + from_df
     return tuple(  # type: ignore[return-value]
-        None if c is None else _sharding.like(c, primal)
+        _no_cotangent(primal) if c is None else _sharding.like(c, primal)
         for c, primal in zip((cx, cf, cdy), residuals, strict=True)
     )
 
