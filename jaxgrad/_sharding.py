@@ -20,7 +20,7 @@ import jax
 
 
 def _typed_sharding(value: Any) -> Any:
-    """The sharding in ``value``'s type (``None`` for a value that is no array)."""
+    """The sharding in ``value``'s type, if it has one."""
     return getattr(jax.typeof(value), "sharding", None)
 
 
