@@ -118,7 +118,9 @@ def cases(size: str):
                     y, vjp = jax.vjp(conv, x, f)
                     return y, vjp(y)
 
-                for multiplier, f in filters:
+                # The kernels launch differently by multiplier; the XLA program
+                # does not, and runs the first filter and a large one instead.
+                for multiplier, f in filters if implementation == "pallas" else filters[:1]:
                     yield f"depthwise {implementation} {multiplier}{fmt} {tag}", conv_vjp, (xi, f)
                 if implementation != "pallas":  # a large filter: the XLA program's loop
                     f7 = arr(7, 7, *filter_shapes[0][2:])

@@ -115,16 +115,17 @@ def test_kernels_match_reference(cfg, data_format, seed):
 
 
 def accuracy_grid():
-    """(case, layout, dtype): float32 for every case and layout, and one half type
-    each, alternating, so that both half types meet every case and both layouts
-    (the kernels differ between the two only in the type they load)."""
+    """(case, layout, dtype): every case in both layouts, the dtypes by turns, so
+    that each dtype meets both layouts (the kernels differ between the dtypes only
+    in the type they load; tests/test_depthwise.py runs the full grid of dtypes,
+    layouts and cases through the default implementation)."""
+    dtypes = (jnp.float32, jnp.bfloat16, jnp.float16)
     for case in range(len(CASES)):
         for i, data_format in enumerate(("NHWC", "NCHW")):
-            half = (jnp.bfloat16, jnp.float16)[(case + i) % 2]
-            for dtype in (half, jnp.float32):
-                yield pytest.param(
-                    case, data_format, dtype, id=f"{case}-{data_format}-{dtype.__name__}"
-                )
+            dtype = dtypes[(case + 2 * i) % len(dtypes)]
+            yield pytest.param(
+                case, data_format, dtype, id=f"{case}-{data_format}-{dtype.__name__}"
+            )
 
 
 @needs_kernels
@@ -254,20 +255,22 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("kernel", "strides", "dilations", "padding"),
+    # The layouts by turns: the rows kept are the same in both.
+    ("kernel", "strides", "dilations", "padding", "data_format"),
     [
-        ((3, 2), (1, 1), (1, 1), "SAME"),  # the next row shares two filter rows' windows
-        ((3, 2), (2, 1), (1, 1), "VALID"),  # one
-        ((3, 2), (2, 2), (2, 1), "SAME"),  # one, two input rows apart
-        ((3, 2), (1, 2), (2, 1), "VALID"),  # none: dilated rows at stride 1
-        ((3, 2), (3, 1), (1, 1), "VALID"),  # none: the stride passes the filter
+        ((3, 2), (1, 1), (1, 1), "SAME", "NHWC"),  # the next row shares two filter rows' windows
+        ((3, 2), (1, 1), (1, 1), "SAME", "NCHW"),
+        ((3, 2), (2, 1), (1, 1), "VALID", "NHWC"),  # one
+        ((3, 2), (2, 2), (2, 1), "SAME", "NCHW"),  # one, two input rows apart
+        ((3, 2), (1, 2), (2, 1), "VALID", "NHWC"),  # none: dilated rows at stride 1
+        ((3, 2), (3, 1), (1, 1), "VALID", "NCHW"),  # none: the stride passes the filter
         # More taps than a program sums at once: the filter gradient's groups of
         # filter rows share rows within a group (the forward and the input gradient
         # loop over the filter rows instead, and keep none).
-        ((5, 4), (1, 1), (1, 1), "SAME"),
+        ((5, 4), (1, 1), (1, 1), "SAME", "NHWC"),
+        ((5, 4), (1, 1), (1, 1), "SAME", "NCHW"),
     ],
 )
-@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
 def test_rows_kept_in_registers_change_no_bits(
     kernel, strides, dilations, padding, data_format, monkeypatch
 ):
@@ -426,16 +429,16 @@ def test_one_kernel_computes_both_gradients_where_their_tiles_agree(shape, fuses
 
 
 def fused_grid():
-    """(case, layout, dtype, many rows): each case and layout in float64 (against
-    the reference too) and in one of the types training runs in, by turns, with one
-    row a program and many, by turns."""
-    lower = (jnp.float32, jnp.bfloat16, jnp.float16)
+    """(case, layout, dtype, many rows): each case in both layouts, the dtypes by
+    turns (float64 against the reference too) and one row a program or many by
+    turns, so that each dtype meets both layouts and both ways of taking rows."""
+    dtypes = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
     for case in range(len(FUSED)):
         for i, data_format in enumerate(("NHWC", "NCHW")):
-            for j, dtype in enumerate((jnp.float64, lower[(2 * case + i) % 3])):
-                many_rows = (case + i + j) % 2 == 1
-                name = f"{case}-{data_format}-{dtype.__name__}-{'many' if many_rows else 'one'}"
-                yield pytest.param(case, data_format, dtype, many_rows, id=name)
+            dtype = dtypes[(case + 2 * i) % len(dtypes)]
+            many_rows = (case + i) % 2 == 1
+            name = f"{case}-{data_format}-{dtype.__name__}-{'many' if many_rows else 'one'}"
+            yield pytest.param(case, data_format, dtype, many_rows, id=name)
 
 
 @needs_kernels
