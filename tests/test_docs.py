@@ -93,16 +93,19 @@ def test_readme_links_to_the_site_and_keeps_its_commands():
     assert ci in (DOCS / "index.md").read_text(), "the getting-started page shows the same command"
 
 
-def test_the_oldest_jax_supported_is_the_same_everywhere():
-    # pyproject.toml's floor, the README's command that runs the suite on it, and
+def test_the_oldest_jax_and_numpy_supported_are_the_same_everywhere():
+    # pyproject.toml's floors, the README's command that runs the suite on them, and
     # the requirements that the README and the getting-started page state.
     pyproject = (DOCS.parent / "pyproject.toml").read_text()
     oldest = re.search(r'"jax>=([\d.]+)"', pyproject)[1]
+    numpy = re.search(r'"numpy>=([\d.]+)"', pyproject)[1]
     assert f'"jaxlib>={oldest}"' in pyproject
     readme = (DOCS.parent / "README.md").read_text()
-    assert f'"jax=={oldest}" "jaxlib=={oldest}" && pytest' in readme
-    assert f"`jax` and `jaxlib` >= {oldest}" in readme
-    assert f"`jax` and `jaxlib` {oldest} or later" in (DOCS / "index.md").read_text()
+    command = f'"jax=={oldest}" "jaxlib=={oldest}" "numpy=={numpy}.0" && pytest'  # 2.0.0
+    assert command in readme
+    assert f"`jax` and `jaxlib` >= {oldest}, `numpy` >= {numpy}." in readme
+    started = (DOCS / "index.md").read_text()
+    assert f"`jax` and `jaxlib` {oldest} or later, and NumPy {numpy} or later." in started
 
 
 @pytest.mark.parametrize("page", [*PAGES, DOCS.parent / "README.md"], ids=lambda p: p.name)
