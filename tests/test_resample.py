@@ -600,6 +600,24 @@ X = jnp.ones((2, 3))
             ValueError,
             "resize: axis 0 of the input is empty",
         ),
+        # Taps are indexed with int32: an axis longer than that is refused at once,
+        # before any table is built.
+        (
+            lambda: jaxgrad.resample(X, (1, 1e9)),
+            ValueError,
+            r"resample: axis 1 must be at most 2\*\*31 - 1 long in the input and the output, "
+            r"got 3 and 3000000000 \(input shape \(2, 3\), output shape \(2, 3000000000\)\)",
+        ),
+        (
+            lambda: jaxgrad.resample_grad(X, (2**31, 3), (2**-30, 1)),
+            ValueError,
+            r"resample_grad: axis 0 must be at most 2\*\*31 - 1 long .* got 2147483648 and 2",
+        ),
+        (
+            lambda: jaxgrad.resize(X, (2, 2**31)),
+            ValueError,
+            r"resize: axis 1 must be at most 2\*\*31 - 1 long",
+        ),
         # NumPy and JAX scalars are numbers like Python's: one scale is not one per axis.
         *[
             (
@@ -694,6 +712,20 @@ X = jnp.ones((2, 3))
 def test_errors(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_the_longest_axis_traces(mode):
+    # 2**31 - 1 long, in and out: traced (nothing that large is allocated).
+    longest = jax.ShapeDtypeStruct((1, 2**31 - 1), jnp.float32)
+    half = jax.ShapeDtypeStruct((1, 2**30), jnp.float32)
+    y = jax.eval_shape(
+        lambda x: jaxgrad.resample(x, (1, 2), mode=mode, output_shape=longest.shape), half
+    )
+    dx = jax.eval_shape(
+        lambda dy: jaxgrad.resample_grad(dy, half.shape, (1, 2), mode=mode), longest
+    )
+    assert (y.shape, dx.shape) == (longest.shape, half.shape)
 
 
 def test_scalars_of_every_kind_are_numbers():

@@ -111,7 +111,8 @@ def resample(
         not finite; a per-axis argument has the wrong length; ``mode`` or
         ``rounding`` is unknown; an output length is negative, or the default
         one is 0; an empty axis of ``x`` is to be sampled into a non-empty one;
-        an unknown ``implementation``, or ``"pallas"`` asked for where it cannot
+        an axis of ``x`` or of the output is longer than ``2**31 - 1``; an
+        unknown ``implementation``, or ``"pallas"`` asked for where it cannot
         run (a backend other than CPU and CUDA, or a JAX without Pallas' Triton
         backend).
 
@@ -211,7 +212,8 @@ def resample_grad(
       TypeError: ``dy`` is not a floating array.
       ValueError: ``input_shape``'s rank differs from ``dy``'s, or a length is
         negative, or an axis of ``input_shape`` is empty where ``dy``'s is not,
-        or any argument ``resample`` would refuse (``implementation`` included).
+        or an axis is longer than ``2**31 - 1``, or any argument ``resample``
+        would refuse (``implementation`` included).
 
     Examples:
       The example of DirectML's RESAMPLE_GRAD1 page:
@@ -367,11 +369,22 @@ def check_shape(op: str, name: str, shape: Any, rank: int) -> tuple[int, ...]:
     return values
 
 
+# The longest axis, in and out: the tables of taps hold int32 indices, for XLA's
+# gathers and the kernels alike.
+MAX_LENGTH = 2**31 - 1
+
+
 def check_samples(op: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
-    """An output along an axis needs an input there to sample."""
+    """An output along an axis needs an input there to sample, and no axis may
+    be longer than an int32 index reaches."""
     for axis, (n, m) in enumerate(zip(in_shape, out_shape, strict=True)):
         if n == 0 and m > 0:
             raise ValueError(
                 f"{op}: axis {axis} of the input is empty, so there is nothing to sample for "
                 f"its {m} outputs (input shape {in_shape}, output shape {out_shape})"
+            )
+        if max(n, m) > MAX_LENGTH:
+            raise ValueError(
+                f"{op}: axis {axis} must be at most 2**31 - 1 long in the input and the "
+                f"output, got {n} and {m} (input shape {in_shape}, output shape {out_shape})"
             )

@@ -92,8 +92,9 @@ def resize(
       ValueError: both or neither of ``output_shape`` and ``scales``; a negative
         length or a scale that is not positive; a per-axis argument of the wrong
         length; an unknown mode; ``scales`` that give an output length of 0; an
-        empty axis of ``x`` to be resized into a non-empty one; an unknown
-        ``implementation``, or ``"pallas"`` where it cannot run.
+        empty axis of ``x`` to be resized into a non-empty one; an axis longer
+        than ``2**31 - 1``; an unknown ``implementation``, or ``"pallas"`` where
+        it cannot run.
 
     Examples:
       PyTorch's ``F.interpolate(x, scale_factor=2, mode="linear")``:
