@@ -84,6 +84,7 @@ def run(
     pallas: Callable[..., Any],
     pallas_available: bool,
     pallas_preferred: bool,
+    pallas_refusal: str | None = None,
 ) -> Any:
     """Computes an op with the chosen implementation: its result, an array or a
     tuple of arrays, as ``xla`` and ``pallas`` return it.
@@ -97,14 +98,22 @@ def run(
       pallas_available: whether this JAX has the Pallas backend the kernels need.
       pallas_preferred: whether ``None`` should pick the kernels on a CUDA GPU for
         this case (they cover it and are the faster choice there).
+      pallas_refusal: why the kernels cannot compute this case, or None where they
+        can: ``None`` then computes it with ``xla``, and ``"pallas"`` raises.
     """
     if implementation == "xla":
         return xla(*args)
     compiled = lambda *a: pallas(*a, interpret=False)  # noqa: E731
     if implementation is None:
-        if not (pallas_available and pallas_preferred and _kernels_compile_here()):
+        usable = pallas_available and pallas_refusal is None and _kernels_compile_here()
+        if not (usable and pallas_preferred):
             return xla(*args)
         return lax.platform_dependent(*args, cuda=compiled, default=xla)
+    if pallas_refusal is not None:
+        raise ValueError(
+            f"{op}: implementation='pallas' cannot compute this case: {pallas_refusal}; "
+            "use implementation=None or 'xla'"
+        )
     if not pallas_available:
         raise ValueError(
             f"{op}: implementation='pallas' needs Pallas' Triton backend, which this "

@@ -431,6 +431,52 @@ def test_default_falls_back_without_pallas(patch):
         lowered("pallas", "cpu")
 
 
+# Arrays of more than 2**31 elements (traced, never allocated) whose kernel views
+# pass int32: (shape, scales) of bfloat16 linear maps the kernel would take.
+PAST_INT32 = [
+    # Axes 0 and 1 by 2x: 2**31 channels.
+    ((4, 4, 2**29, 4), (2, 2, 1, 1)),
+    # Every axis resampled: 2**31 rows in, 2**33 out.
+    ((2**16, 2**15, 2), (2, 2, 1.5)),
+    # Axes 2 and 3 by 2x: each view fits, the programs (2**31 tiles or more) do not.
+    ((2, 2**30, 4, 2, 1), (1, 1, 2, 2, 1)),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "gradient"])
+@pytest.mark.parametrize("case", PAST_INT32, ids=["channels", "rows", "programs"])
+def test_default_leaves_arrays_past_the_kernels_int32_to_xla(patch, case, grad):
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
+    shape, scales = case
+    out = tuple(int(n * s) for n, s in zip(shape, scales, strict=True))
+    op = "resample_grad" if grad else "resample"
+
+    def program(implementation):
+        kw = dict(mode="linear", implementation=implementation)
+        if grad:
+            fn = lambda dy: jaxgrad.resample_grad(dy, shape, scales, **kw)  # noqa: E731
+            return lowered_text(fn, jax.ShapeDtypeStruct(out, jnp.bfloat16), platform="cuda")
+        fn = lambda x: jaxgrad.resample(x, scales, **kw)  # noqa: E731
+        return lowered_text(fn, jax.ShapeDtypeStruct(shape, jnp.bfloat16), platform="cuda")
+
+    assert program(None) == program("xla")
+    with pytest.raises(ValueError, match=rf"^{op}: implementation='pallas' cannot .* int32"):
+        program("pallas")
+
+
+@needs_kernels
+def test_the_kernel_takes_the_longest_axis(patch):
+    # 2**31 - 1 columns out: the lanes of the last tile stay within int32.
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
+    x = jax.ShapeDtypeStruct((2, 2**30), jnp.bfloat16)
+    longest = (4, 2**31 - 1)
+    for implementation in (None, "pallas"):
+        kw = dict(mode="linear", output_shape=longest, implementation=implementation)
+        forward = lambda x: jaxgrad.resample(x, (2, 2), **kw)  # noqa: E731, B023
+        assert TRITON_CALL in lowered_text(forward, x, platform="cuda")
+
+
 @needs_kernels
 def test_explicit_pallas_raises_on_another_backend(patch):
     patch(_implementation, "_backend_platform", lambda: "tpu")

@@ -113,8 +113,9 @@ def resample(
         one is 0; an empty axis of ``x`` is to be sampled into a non-empty one;
         an axis of ``x`` or of the output is longer than ``2**31 - 1``; an
         unknown ``implementation``, or ``"pallas"`` asked for where it cannot
-        run (a backend other than CPU and CUDA, or a JAX without Pallas' Triton
-        backend).
+        run (a backend other than CPU and CUDA, a JAX without Pallas' Triton
+        backend, or an array the kernel's int32 counts do not reach: see the
+        ``implementation=`` section of the resample docs).
 
     Examples:
       The example of DirectML's RESAMPLE_GRAD1 page: height halved, width times
@@ -285,6 +286,7 @@ def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
         pallas=functools.partial(_partition.apply, axes=axes, transpose=transpose),
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(axes, transpose, x.dtype),
+        pallas_refusal=_pallas.refusal(x.shape, axes, transpose),
     )
     return result if specs is None else _sharding.reshard(result, specs[1])
 

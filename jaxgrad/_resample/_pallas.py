@@ -47,6 +47,8 @@ _MAX_CHANNELS = 64
 # Taps up to this many are unrolled in the kernel; more are summed in a loop, so
 # that the kernel does not grow with the scale.
 _MAX_UNROLLED_TAPS = 16
+# The largest count the kernel's int32 arithmetic holds.
+_MAX_INT32 = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +264,49 @@ def _work(axes: tuple[Axis, ...], transpose: bool) -> _Work | None:
     return _Work(plans, span.start, exact)
 
 
+def _out_shape(shape: tuple[int, ...], work: _Work) -> tuple[int, ...]:
+    """The output's shape for an input of ``shape``."""
+    return tuple(
+        work.plans[d - work.first].n_rows if work.first <= d <= work.last else n
+        for d, n in enumerate(shape)
+    )
+
+
+def _programs(view_out: tuple[int, int, int, int], launch: _Launch) -> int:
+    """How many programs the kernel runs, one per tile of the output."""
+    batch, rows, cols, channels = view_out
+    return (
+        batch
+        * pl.cdiv(rows, launch.rows)
+        * pl.cdiv(channels, launch.channels)
+        * pl.cdiv(cols, launch.cols)
+    )
+
+
+def refusal(shape: tuple[int, ...], axes: tuple[Axis, ...], transpose: bool) -> str | None:
+    """Why the kernel cannot compute the map on an input of ``shape``, or None.
+
+    The kernel counts its programs, and the rows, columns and channels of its
+    views, in int32. Each axis fits (the ops refuse longer ones), but the rows and
+    the channels are products of axes, which can pass 2**31 - 1 in an array of
+    more than 2**31 elements; so can the programs. Tiles of a power of two keep a
+    tile's lanes below 2**31 on an axis that fits.
+    """
+    work = None if 0 in shape else _work(axes, transpose)
+    if work is None or 0 in _out_shape(shape, work):
+        return None  # nothing to compute
+    view_in = _view(shape, work.first, work.last)
+    view_out = _view(_out_shape(shape, work), work.first, work.last)
+    programs = _programs(view_out, _launch(view_out, interpret=False))
+    if max(*view_in[1:], *view_out[1:], programs) <= _MAX_INT32:
+        return None
+    return (
+        "the kernel counts in int32, up to 2**31 - 1, and views the input as "
+        f"[batch, rows, columns, channels] {list(view_in)}, the output as "
+        f"{list(view_out)} in {programs} programs"
+    )
+
+
 def _dtypes(work: _Work, dtype: Any) -> tuple[Any, Any]:
     """The dtype the kernel reads and writes (bool moves as uint8), and the one it
     computes in."""
@@ -299,9 +344,7 @@ def apply(
     if work is None:
         return x
     first, last = work.first, work.last
-    out_shape = tuple(
-        work.plans[d - first].n_rows if first <= d <= last else n for d, n in enumerate(x.shape)
-    )
+    out_shape = _out_shape(x.shape, work)
     if 0 in x.shape or 0 in out_shape:
         return jnp.zeros(out_shape, x.dtype)
     source = _dtypes(work, x.dtype)[0]
@@ -321,12 +364,7 @@ def apply(
             jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
             [x],
         ),
-        grid=(
-            view_out[0]
-            * pl.cdiv(view_out[1], launch.rows)
-            * pl.cdiv(view_out[3], launch.channels)
-            * pl.cdiv(view_out[2], launch.cols),
-        ),
+        grid=(_programs(view_out, launch),),
         interpret=interpret,
         compiler_params=params,
     )(x.astype(source).reshape(_view(x.shape, first, last)), *table_arrays)
