@@ -466,6 +466,22 @@ def test_default_leaves_arrays_past_the_kernels_int32_to_xla(patch, case, grad):
 
 
 @needs_kernels
+def test_explicit_pallas_refuses_more_one_byte_elements_than_int32_offsets_reach(patch):
+    # 3 * 2**30 elements in, views that fit: Pallas would offset them in int32.
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
+    shape = (3, 2**30)
+
+    def program(dtype):
+        fn = lambda x: jaxgrad.resample(x, (1, 1.5), implementation="pallas")  # noqa: E731
+        return lowered_text(fn, jax.ShapeDtypeStruct(shape, dtype), platform="cuda")
+
+    for dtype in (jnp.uint8, jnp.int8, jnp.bool_):
+        with pytest.raises(ValueError, match=r"^resample: .*one-byte elements.* 4831838208"):
+            program(dtype)
+    assert TRITON_CALL in program(jnp.int16)  # two bytes: int32 offsets reach every one
+
+
+@needs_kernels
 def test_the_kernel_takes_the_longest_axis(patch):
     # 2**31 - 1 columns out: the lanes of the last tile stay within int32.
     patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)

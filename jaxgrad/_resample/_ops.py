@@ -286,7 +286,7 @@ def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
         pallas=functools.partial(_partition.apply, axes=axes, transpose=transpose),
         pallas_available=_pallas.AVAILABLE,
         pallas_preferred=_preferred(axes, transpose, x.dtype),
-        pallas_refusal=_pallas.refusal(x.shape, axes, transpose),
+        pallas_refusal=_pallas.refusal(x.shape, x.dtype, axes, transpose),
     )
     return result if specs is None else _sharding.reshard(result, specs[1])
 

@@ -283,28 +283,42 @@ def _programs(view_out: tuple[int, int, int, int], launch: _Launch) -> int:
     )
 
 
-def refusal(shape: tuple[int, ...], axes: tuple[Axis, ...], transpose: bool) -> str | None:
-    """Why the kernel cannot compute the map on an input of ``shape``, or None.
+def refusal(
+    shape: tuple[int, ...], dtype: Any, axes: tuple[Axis, ...], transpose: bool
+) -> str | None:
+    """Why the kernel cannot compute the map on an input of ``shape`` and
+    ``dtype``, or None.
 
     The kernel counts its programs, and the rows, columns and channels of its
     views, in int32. Each axis fits (the ops refuse longer ones), but the rows and
     the channels are products of axes, which can pass 2**31 - 1 in an array of
     more than 2**31 elements; so can the programs. Tiles of a power of two keep a
     tile's lanes below 2**31 on an axis that fits.
+
+    Pallas' Triton lowering offsets an array's elements in int32 up to 4 GiB,
+    which reaches every element of 2 bytes or more, but only the first 2**31 of
+    one byte (int8, uint8, bool); past them, the offsets would wrap.
     """
     work = None if 0 in shape else _work(axes, transpose)
     if work is None or 0 in _out_shape(shape, work):
         return None  # nothing to compute
+    out_shape = _out_shape(shape, work)
     view_in = _view(shape, work.first, work.last)
-    view_out = _view(_out_shape(shape, work), work.first, work.last)
+    view_out = _view(out_shape, work.first, work.last)
     programs = _programs(view_out, _launch(view_out, interpret=False))
-    if max(*view_in[1:], *view_out[1:], programs) <= _MAX_INT32:
-        return None
-    return (
-        "the kernel counts in int32, up to 2**31 - 1, and views the input as "
-        f"[batch, rows, columns, channels] {list(view_in)}, the output as "
-        f"{list(view_out)} in {programs} programs"
-    )
+    if max(*view_in[1:], *view_out[1:], programs) > _MAX_INT32:
+        return (
+            "the kernel counts in int32, up to 2**31 - 1, and views the input as "
+            f"[batch, rows, columns, channels] {list(view_in)}, the output as "
+            f"{list(view_out)} in {programs} programs"
+        )
+    elements = max(math.prod(shape), math.prod(out_shape))
+    if jnp.dtype(_dtypes(work, dtype)[0]).itemsize == 1 and elements > _MAX_INT32:
+        return (
+            "Pallas offsets the elements of an array of one-byte elements smaller than "
+            f"4 GiB in int32, up to 2**31 - 1, and this one has {elements}"
+        )
+    return None
 
 
 def _dtypes(work: _Work, dtype: Any) -> tuple[Any, Any]:
