@@ -475,8 +475,9 @@ def test_explicit_pallas_refuses_more_one_byte_elements_than_int32_offsets_reach
         fn = lambda x: jaxgrad.resample(x, (1, 1.5), implementation="pallas")  # noqa: E731
         return lowered_text(fn, jax.ShapeDtypeStruct(shape, dtype), platform="cuda")
 
+    refused = r"^resample: .* int32, .* 4831838208 elements of one byte"
     for dtype in (jnp.uint8, jnp.int8, jnp.bool_):
-        with pytest.raises(ValueError, match=r"^resample: .*one-byte elements.* 4831838208"):
+        with pytest.raises(ValueError, match=refused):
             program(dtype)
     assert TRITON_CALL in program(jnp.int16)  # two bytes: int32 offsets reach every one
 

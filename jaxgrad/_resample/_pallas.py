@@ -47,7 +47,7 @@ _MAX_CHANNELS = 64
 # Taps up to this many are unrolled in the kernel; more are summed in a loop, so
 # that the kernel does not grow with the scale.
 _MAX_UNROLLED_TAPS = 16
-# The largest count the kernel's int32 arithmetic holds.
+# The largest count, index or offset an int32 holds.
 _MAX_INT32 = 2**31 - 1
 
 
@@ -300,9 +300,9 @@ def refusal(
     one byte (int8, uint8, bool); past them, the offsets would wrap.
     """
     work = None if 0 in shape else _work(axes, transpose)
-    if work is None or 0 in _out_shape(shape, work):
+    out_shape = () if work is None else _out_shape(shape, work)
+    if work is None or 0 in out_shape:
         return None  # nothing to compute
-    out_shape = _out_shape(shape, work)
     view_in = _view(shape, work.first, work.last)
     view_out = _view(out_shape, work.first, work.last)
     programs = _programs(view_out, _launch(view_out, interpret=False))
@@ -315,8 +315,8 @@ def refusal(
     elements = max(math.prod(shape), math.prod(out_shape))
     if jnp.dtype(_dtypes(work, dtype)[0]).itemsize == 1 and elements > _MAX_INT32:
         return (
-            "Pallas offsets the elements of an array of one-byte elements smaller than "
-            f"4 GiB in int32, up to 2**31 - 1, and this one has {elements}"
+            "Pallas offsets the elements of an array under 4 GiB in int32, up to "
+            f"2**31 - 1, and this one has {elements} elements of one byte"
         )
     return None
 
