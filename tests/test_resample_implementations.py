@@ -467,19 +467,21 @@ def test_default_leaves_arrays_past_the_kernels_int32_to_xla(patch, case, grad):
 
 @needs_kernels
 def test_explicit_pallas_refuses_more_one_byte_elements_than_int32_offsets_reach(patch):
-    # 3 * 2**30 elements in, views that fit: Pallas would offset them in int32.
+    # Pallas offsets the elements of an array of at most 4 GiB in int32, of a
+    # larger one in int64: 3 * 2**30 bytes in (and 4.5 * 2**30 out) would wrap.
     patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
-    shape = (3, 2**30)
 
-    def program(dtype):
+    def program(shape, dtype):
         fn = lambda x: jaxgrad.resample(x, (1, 1.5), implementation="pallas")  # noqa: E731
         return lowered_text(fn, jax.ShapeDtypeStruct(shape, dtype), platform="cuda")
 
-    refused = r"^resample: .* int32, .* 4831838208 elements of one byte"
+    refused = r"^resample: .* int32, .* the input has 3221225472 elements of one byte"
     for dtype in (jnp.uint8, jnp.int8, jnp.bool_):
         with pytest.raises(ValueError, match=refused):
-            program(dtype)
-    assert TRITON_CALL in program(jnp.int16)  # two bytes: int32 offsets reach every one
+            program((3, 2**30), dtype)
+    # Two bytes: int32 offsets reach every element. Over 4 GiB: int64 offsets.
+    assert TRITON_CALL in program((3, 2**30), jnp.int16)
+    assert TRITON_CALL in program((5, 2**30), jnp.uint8)
 
 
 @needs_kernels

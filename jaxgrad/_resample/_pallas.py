@@ -49,6 +49,9 @@ _MAX_CHANNELS = 64
 _MAX_UNROLLED_TAPS = 16
 # The largest count, index or offset an int32 holds.
 _MAX_INT32 = 2**31 - 1
+# Pallas' Triton lowering offsets the elements of an array of at most this many
+# bytes in int32, of a larger one in int64.
+_INT32_OFFSETS_BYTES = 2**32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,9 +298,9 @@ def refusal(
     more than 2**31 elements; so can the programs. Tiles of a power of two keep a
     tile's lanes below 2**31 on an axis that fits.
 
-    Pallas' Triton lowering offsets an array's elements in int32 up to 4 GiB,
-    which reaches every element of 2 bytes or more, but only the first 2**31 of
-    one byte (int8, uint8, bool); past them, the offsets would wrap.
+    Pallas' Triton lowering offsets the elements of an array of at most 4 GiB in
+    int32, which reaches every element of 2 bytes or more, but only the first
+    2**31 of one byte (int8, uint8, bool); past them, the offsets would wrap.
     """
     work = None if 0 in shape else _work(axes, transpose)
     out_shape = () if work is None else _out_shape(shape, work)
@@ -312,12 +315,14 @@ def refusal(
             f"[batch, rows, columns, channels] {list(view_in)}, the output as "
             f"{list(view_out)} in {programs} programs"
         )
-    elements = max(math.prod(shape), math.prod(out_shape))
-    if jnp.dtype(_dtypes(work, dtype)[0]).itemsize == 1 and elements > _MAX_INT32:
-        return (
-            "Pallas offsets the elements of an array under 4 GiB in int32, up to "
-            f"2**31 - 1, and this one has {elements} elements of one byte"
-        )
+    if jnp.dtype(_dtypes(work, dtype)[0]).itemsize == 1:
+        for name, array_shape in (("input", shape), ("output", out_shape)):
+            elements = math.prod(array_shape)
+            if _MAX_INT32 < elements <= _INT32_OFFSETS_BYTES:
+                return (
+                    "Pallas offsets the elements of an array of at most 4 GiB in int32, up "
+                    f"to 2**31 - 1, and the {name} has {elements} elements of one byte"
+                )
     return None
 
 
