@@ -431,8 +431,8 @@ def test_default_falls_back_without_pallas(patch):
         lowered("pallas", "cpu")
 
 
-# Arrays of more than 2**31 elements (traced, never allocated) whose kernel views
-# pass int32: (shape, scales) of bfloat16 linear maps the kernel would take.
+# Arrays of more than 2**31 elements (traced, never allocated) that the kernel
+# would count past int32: (shape, scales) of bfloat16 linear maps it would take.
 PAST_INT32 = [
     # Axes 0 and 1 by 2x: 2**31 channels.
     ((4, 4, 2**29, 4), (2, 2, 1, 1)),
