@@ -19,9 +19,9 @@ Probes (``--probes`` picks some):
   1000x (linear).
 - ``many_axes``: 24 distinct axes of about 2**20 elements (linear, scale 1.5),
   each lowered and compiled in one process: the growth of its resident memory.
-- ``depthwise_7x7``, ``depthwise_11x11``: ``jax.grad`` of a loss through
-  ``depthwise_conv2d`` on [8, 64, 64, 32] (SAME): trace and lower, compile, and
-  the median run time.
+- ``depthwise_3x3``, ``depthwise_5x5``, ``depthwise_7x7``, ``depthwise_11x11``:
+  ``jax.grad`` of a loss through ``depthwise_conv2d`` on [8, 64, 64, 32] (SAME,
+  float32, NHWC): trace and lower, compile, and the median run time.
 - ``eager_depthwise``: an un-jitted 7x7 ``depthwise_conv2d`` on [1, 512, 512, 8]
   against the same call under ``jax.jit`` (medians after the first call).
 """
@@ -204,6 +204,14 @@ def _probe_depthwise_grad(impl: str, k: int) -> dict[str, Any]:
     }
 
 
+def probe_depthwise_3x3(impl: str) -> dict[str, Any]:
+    return _probe_depthwise_grad(impl, 3)
+
+
+def probe_depthwise_5x5(impl: str) -> dict[str, Any]:
+    return _probe_depthwise_grad(impl, 5)
+
+
 def probe_depthwise_7x7(impl: str) -> dict[str, Any]:
     return _probe_depthwise_grad(impl, 7)
 
@@ -230,6 +238,8 @@ PROBES = {
     "upsample_1000x": (probe_upsample_1000x, "jax.image.resize"),
     "grad_64_1000x": (probe_grad_64_1000x, "jax.image.resize"),
     "many_axes": (probe_many_axes, "jax.image.resize"),
+    "depthwise_3x3": (probe_depthwise_3x3, "lax"),
+    "depthwise_5x5": (probe_depthwise_5x5, "lax"),
     "depthwise_7x7": (probe_depthwise_7x7, "lax"),
     "depthwise_11x11": (probe_depthwise_11x11, "lax"),
     "eager_depthwise": (probe_eager_depthwise, "lax"),
