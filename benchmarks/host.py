@@ -29,6 +29,7 @@ Probes (``--probes`` picks some):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -204,22 +205,6 @@ def _probe_depthwise_grad(impl: str, k: int) -> dict[str, Any]:
     }
 
 
-def probe_depthwise_3x3(impl: str) -> dict[str, Any]:
-    return _probe_depthwise_grad(impl, 3)
-
-
-def probe_depthwise_5x5(impl: str) -> dict[str, Any]:
-    return _probe_depthwise_grad(impl, 5)
-
-
-def probe_depthwise_7x7(impl: str) -> dict[str, Any]:
-    return _probe_depthwise_grad(impl, 7)
-
-
-def probe_depthwise_11x11(impl: str) -> dict[str, Any]:
-    return _probe_depthwise_grad(impl, 11)
-
-
 def probe_eager_depthwise(impl: str) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
@@ -238,10 +223,10 @@ PROBES = {
     "upsample_1000x": (probe_upsample_1000x, "jax.image.resize"),
     "grad_64_1000x": (probe_grad_64_1000x, "jax.image.resize"),
     "many_axes": (probe_many_axes, "jax.image.resize"),
-    "depthwise_3x3": (probe_depthwise_3x3, "lax"),
-    "depthwise_5x5": (probe_depthwise_5x5, "lax"),
-    "depthwise_7x7": (probe_depthwise_7x7, "lax"),
-    "depthwise_11x11": (probe_depthwise_11x11, "lax"),
+    "depthwise_3x3": (functools.partial(_probe_depthwise_grad, k=3), "lax"),
+    "depthwise_5x5": (functools.partial(_probe_depthwise_grad, k=5), "lax"),
+    "depthwise_7x7": (functools.partial(_probe_depthwise_grad, k=7), "lax"),
+    "depthwise_11x11": (functools.partial(_probe_depthwise_grad, k=11), "lax"),
     "eager_depthwise": (probe_eager_depthwise, "lax"),
 }
 
