@@ -2,7 +2,7 @@
 
     python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
                              [--sections depthwise resample train]
-                             [--cases SUBSTRING ...]
+                             [--cases SUBSTRING ...] [--dtypes ...] [--layouts ...]
 
 One command, meant to finish in under 8 minutes on an H100 (not yet timed on
 one; ``--sections`` and ``--cases`` cut it into parts). It prints (and writes as
@@ -314,8 +314,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     jnp.asarray(to(dy), dtype),
                 )
                 for label in ("xla", "pallas"):  # the default is one of them
-                    impl = IMPLEMENTATIONS[label]
-                    ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
+                    ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, label)
                     for op, fn, args in _named(ops, xj, fj, dyj):
                         for checked, call, ref_op, layout in _checked(op, fn, args, back):
                             err = relative_error(call, ref[ref_op], layout)
@@ -358,22 +357,29 @@ def _checked(op: str, fn: Callable, args: tuple, back: Callable) -> Iterator[tup
 
 def determinism(processes: int = 3) -> dict:
     """The bit patterns of every case in ``processes`` fresh processes, under the
-    default XLA flags; a process that fails is reported with its error's last lines."""
+    default XLA flags; a process that fails is reported with its error's last lines.
+
+    The processes run side by side, sharing the GPU as a machine's processes do:
+    each still compiles (and autotunes) every program anew, and the check takes the
+    time of one process, not of all of them.
+    """
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    runs = []
-    for _ in range(processes):
-        run = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "determinism_check.py"), "--size", "large"],
-            capture_output=True,
-            text=True,
-            env=env,
+    command = [sys.executable, str(ROOT / "tests" / "determinism_check.py"), "--size", "large"]
+    started = [
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
-        if run.returncode != 0:
-            tail = run.stderr.strip().splitlines()[-5:]
+        for _ in range(processes)
+    ]
+    finished = [(process, *process.communicate()) for process in started]
+    runs = []
+    for process, stdout, stderr in finished:
+        if process.returncode != 0:
+            tail = stderr.strip().splitlines()[-5:]
             print("  a process failed:", *tail, sep="\n    ", flush=True)
             return {"processes": processes, "failed": "\n".join(tail)}
-        runs.append(dict(line.rsplit(" ", 1) for line in run.stdout.splitlines()))
+        runs.append(dict(line.rsplit(" ", 1) for line in stdout.splitlines()))
     cases = {name: len({run[name] for run in runs}) for name in runs[0]}
     for name, patterns in cases.items():
         print(f"  {name:<40} {'identical' if patterns == 1 else f'{patterns} bit patterns'}")
@@ -656,18 +662,31 @@ def resample_speed(
 
 
 def _worst(rows: list[dict]) -> list[str]:
-    """The largest error of each dtype, implementation and op; a failure (NaN) is
-    the largest of all."""
-    worst: dict[tuple[str, str, str], float] = {}
+    """The largest relative error of each implementation and op (a row) in each
+    dtype (a column); a failure (NaN) is the largest of all."""
+    worst: dict[tuple[str, str], dict[str, float]] = {}
     for r in rows:
-        key = (r["dtype"], r["impl"], r["op"])
+        errors = worst.setdefault((r["impl"], r["op"]), {})
         error = math.inf if math.isnan(r["error"]) else r["error"]
-        worst[key] = max(worst.get(key, 0.0), error)
-    lines = ["| dtype | implementation | op | worst relative error |", "|---|---|---|---|"]
-    return lines + [
-        f"| {d} | {i} | {o} | {'failed' if e == math.inf else f'{e:.2e}'} |"
-        for (d, i, o), e in sorted(worst.items())
+        errors[r["dtype"]] = max(errors.get(r["dtype"], 0.0), error)
+    dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+
+    def cell(error: float | None) -> str:
+        return "" if error is None else "failed" if error == math.inf else f"{error:.2e}"
+
+    lines = [
+        "| implementation | op | " + " | ".join(dtypes) + " |",
+        "|---|---|" + "---|" * len(dtypes),
     ]
+    return lines + [
+        f"| {impl} | {op} | " + " | ".join(cell(errors.get(d)) for d in dtypes) + " |"
+        for (impl, op), errors in sorted(worst.items())
+    ]
+
+
+def _ms(row: dict, name: str) -> str:
+    """A time of ``row`` as a table cell: empty where the run left it out."""
+    return f"{row[name]:.3f}" if name in row else ""
 
 
 def render(results: dict) -> str:
@@ -687,12 +706,12 @@ def render(results: dict) -> str:
         ]
         for r in results["speed"]:
             torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
-            pallas = f"{r['jaxgrad pallas']:.3f}"
+            pallas = _ms(r, "jaxgrad pallas")
             if "jaxgrad pallas, two kernels" in r:
                 pallas += f" (two kernels {r['jaxgrad pallas, two kernels']:.3f})"
             lines.append(
                 f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
-                f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} "
+                f"| {r['jaxgrad default']:.3f} | {_ms(r, 'jaxgrad xla')} "
                 f"| {pallas} | {r['lax']:.3f} | {torch_ms} "
                 f"| {r['default_over_best_peer']:.2f} "
                 f"| {r['jaxgrad default'] / r['roofline']:.2f} |"
@@ -710,8 +729,8 @@ def render(results: dict) -> str:
             torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
             lines.append(
                 f"| {r['case']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
-                f"| {r['jaxgrad default']:.3f} | {r['jaxgrad xla']:.3f} "
-                f"| {r['jaxgrad pallas']:.3f} | {r['jax.image']:.3f} | {torch_ms} "
+                f"| {r['jaxgrad default']:.3f} | {_ms(r, 'jaxgrad xla')} "
+                f"| {_ms(r, 'jaxgrad pallas')} | {r['jax.image']:.3f} | {torch_ms} "
                 f"| {r['default_over_roofline']:.2f} |"
             )
     if results.get("resample_correctness"):
@@ -737,6 +756,9 @@ def render(results: dict) -> str:
             f"{t['jaxgrad, resample xla']:.2f} ms, with one kernel per depthwise gradient "
             f"{t['jaxgrad, two kernels']:.2f} ms.",
         ]
+    if "seconds" in results:
+        took = ", ".join(f"{key} {value:.0f} s" for key, value in results["seconds"].items())
+        lines += ["", f"Sections' wall time: {took}."]
     return "\n".join(lines)
 
 
@@ -747,11 +769,33 @@ def write_json(path: str, results: dict) -> None:
         f.write("\n")
 
 
+def narrow(args: argparse.Namespace) -> None:
+    """Keeps the cases, dtypes and layouts that ``--cases``, ``--dtypes`` and
+    ``--layouts`` ask for, so that a run can be cut into parts that each fit a
+    time limit; stops the run where no case is left."""
+    if args.dtypes:
+        DTYPES[:] = [d for d in DTYPES if d in args.dtypes]
+        CHECKED_DTYPES[:] = [d for d in CHECKED_DTYPES if d in args.dtypes]
+    if args.layouts:
+        LAYOUTS[:] = [layout for layout in LAYOUTS if layout in args.layouts]
+    if args.skip_xla_timing:
+        IMPLEMENTATIONS.pop("xla")
+    CASES[:] = [case for case in CASES if chosen(case[0], args.cases)]
+    if not CASES and not resample_cases(args.smoke, args.cases):
+        raise SystemExit(f"benchmarks/gpu.py: no case name contains any of {args.cases}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     parser.add_argument("--skip-determinism", action="store_true")
+    parser.add_argument(
+        "--skip-xla-timing",
+        action="store_true",
+        help='time the default and "pallas" alone: the "xla" programs, checked all the '
+        "same, are the slowest to compile",
+    )
     parser.add_argument(
         "--sections",
         nargs="+",
@@ -767,6 +811,21 @@ def main() -> None:
         help="only the cases whose name contains one of these: depthwise names such as "
         "'[32,112,112,96] 3x3 s1' or 'M2', resample names such as '[32, 256, 256, 64] NHWC "
         "linear 2.0x' (default: all)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=CHECKED_DTYPES,
+        default=None,
+        help="only these dtypes, checked and timed (default: bfloat16 and float32 timed, "
+        "float16 checked too)",
+    )
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=LAYOUTS,
+        default=None,
+        help="only these depthwise layouts (default: both; resample layouts are in its case names)",
     )
     parser.add_argument(
         "--smoke",
@@ -790,9 +849,7 @@ def main() -> None:
     else:
         with contextlib.suppress(ImportError):
             import torch
-    CASES[:] = [case for case in CASES if chosen(case[0], args.cases)]
-    if not CASES and not resample_cases(args.smoke, args.cases):
-        raise SystemExit(f"benchmarks/gpu.py: no case name contains any of {args.cases}")
+    narrow(args)
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
 
@@ -808,29 +865,43 @@ def main() -> None:
         for row in rows:
             record(key, [*results[key], row])
 
+    @contextlib.contextmanager
+    def section(title: str, key: str) -> Iterator[None]:
+        """Prints a section's title, then the seconds it took, which are recorded
+        too: they say how to cut a run to fit a time limit."""
+        print(title, flush=True)
+        start = time.perf_counter()
+        yield
+        seconds = {**results.get("seconds", {}), key: round(time.perf_counter() - start, 1)}
+        record("seconds", seconds)
+        print(f"  ({seconds[key]:.0f} s)", flush=True)
+
     record("machine", environment())
     print("machine:", json.dumps(results["machine"]))
     if not (args.skip_determinism or args.smoke):
-        print("reproducibility in 3 fresh processes:")
-        record("determinism", determinism())
+        with section("reproducibility in 3 fresh processes:", "determinism"):
+            record("determinism", determinism())
     bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)
     record("copy_bandwidth_GBps", bandwidth / 1e9)
+    roofline = f"ms; copy roofline at {bandwidth / 1e9:.0f} GB/s"
     if "depthwise" in args.sections:
-        print("depthwise correctness (relative error against float64):")
-        record("correctness", correctness(rng))
-        print(f"depthwise speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
-        record_rows("speed", speed(rng, bandwidth, args.rounds, torch))
+        with section("depthwise correctness (relative error against float64):", "correctness"):
+            record("correctness", correctness(rng))
+        with section(f"depthwise speed ({roofline}):", "speed"):
+            record_rows("speed", speed(rng, bandwidth, args.rounds, torch))
     if "resample" in args.sections:
-        print("resample correctness (relative error against float64):")
-        record("resample_correctness", resample_correctness(rng, args.smoke, args.cases))
-        print(f"resample speed (ms; copy roofline at {bandwidth / 1e9:.0f} GB/s):")
-        record_rows(
-            "resample_speed",
-            resample_speed(rng, bandwidth, args.rounds, torch, args.smoke, args.cases),
-        )
+        title = "resample correctness (relative error against float64):"
+        with section(title, "resample_correctness"):
+            rows = resample_correctness(rng, args.smoke, args.cases)
+            record("resample_correctness", rows)
+        with section(f"resample speed ({roofline}):", "resample_speed"):
+            record_rows(
+                "resample_speed",
+                resample_speed(rng, bandwidth, args.rounds, torch, args.smoke, args.cases),
+            )
     if "train" in args.sections:
-        print("U-Net training step:")
-        record("train_step", train_step(args.rounds, *((2, 16) if args.smoke else ())))
+        with section("U-Net training step:", "train_step"):
+            record("train_step", train_step(args.rounds, *((2, 16) if args.smoke else ())))
     print()
     print(render(results))
 

@@ -315,9 +315,21 @@ def performance_figure(data: dict):
 TABLE = re.compile(r"(<!-- table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
 
 
+# The GPU benchmark's tables, which benchmarks/gpu.py renders itself.
+GPU_TABLE = re.compile(r"(<!-- gpu table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
+
+
+def gpu_tables(data: dict) -> str:
+    sys.path.insert(0, str(DOCS.parent / "benchmarks"))
+    import gpu
+
+    return gpu.render(data)  # type: ignore[no-any-return]
+
+
 def performance_page(text: str) -> str:
     """The page with every marked table re-rendered from its benchmark's JSON."""
-    return TABLE.sub(lambda m: m[1] + performance_table(load_benchmark(m[2])) + "\n" + m[3], text)
+    text = TABLE.sub(lambda m: m[1] + performance_table(load_benchmark(m[2])) + "\n" + m[3], text)
+    return GPU_TABLE.sub(lambda m: m[1] + gpu_tables(load_benchmark(m[2])) + "\n" + m[3], text)
 
 
 # --- Writing -----------------------------------------------------------------------

@@ -232,6 +232,46 @@ def test_gpu_benchmark_runs_the_cases_asked_for(monkeypatch):
         gpu.main()
 
 
+def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
+    """``--dtypes`` and ``--layouts`` narrow what is checked and timed, as
+    ``--cases`` narrows the cases, and ``--skip-xla-timing`` what is timed: a run
+    cut into parts that fit a time limit."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import argparse
+
+    import gpu
+
+    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
+        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
+    monkeypatch.setattr(gpu, "IMPLEMENTATIONS", dict(gpu.IMPLEMENTATIONS))
+    args = argparse.Namespace(
+        dtypes=["float16", "bfloat16"],
+        layouts=["NCHW"],
+        cases=["3x3 s1"],
+        smoke=False,
+        skip_xla_timing=True,
+    )
+    gpu.narrow(args)
+    assert list(gpu.IMPLEMENTATIONS) == ["default", "pallas"]
+    row = {"case": "c", "layout": "NHWC", "dtype": "bfloat16", "op": "forward"}
+    row |= {"roofline": 1.0, "torch": None, "lax": 1.0, "default_over_best_peer": 2.0}
+    row |= {"jaxgrad default": 2.0, "jaxgrad pallas": 2.0}
+    machine = dict.fromkeys(("device", "driver", "jax", "jaxlib", "torch", "triton"), "?")
+    table = gpu.render({"machine": machine, "copy_bandwidth_GBps": 1.0, "speed": [row]})
+    # The column of "xla" stays, empty.
+    assert (
+        "| c | NHWC | bfloat16 | forward | 1.000 | 2.000 |  | 2.000 | 1.000 |  | 2.00 | 2.00 |"
+        in table
+    )
+    assert gpu.DTYPES == ["bfloat16"]  # float16 is checked, never timed
+    assert gpu.CHECKED_DTYPES == ["bfloat16", "float16"]
+    assert gpu.LAYOUTS == ["NCHW"]
+    assert [case[0] for case in gpu.CASES] == [
+        "[32,112,112,96] 3x3 s1",
+        "[32,112,112,32] 3x3 s1 M2",
+    ]
+
+
 def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
     """``benchmarks/tune.py --json`` writes each op's search as it ends."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -286,32 +326,45 @@ def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys)
         dict(dtype="float32", impl="pallas", op="forward", error=error),
         dict(dtype="float32", impl="xla", op="forward", error=2e-7),
     ]
+    rows.append(dict(dtype="bfloat16", impl="xla", op="forward", error=3e-3))
     table = gpu._worst(rows)
-    assert "| float32 | pallas | forward | failed |" in table
-    assert "| float32 | xla | forward | 2.00e-07 |" in table
+    assert table[0] == "| implementation | op | float32 | bfloat16 |"
+    assert "| pallas | forward | failed |  |" in table
+    assert "| xla | forward | 2.00e-07 | 3.00e-03 |" in table
 
 
 def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypatch):
-    """The cross-process check counts each case's bit patterns over fresh processes;
-    a process that fails ends the check with its error, not the run."""
+    """The cross-process check counts each case's bit patterns over fresh processes,
+    which run side by side (all started before any is waited for); a process that
+    fails ends the check with its error, not the run."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import subprocess
-
     import gpu
 
     outputs = iter(["relu abc\ndepthwise 123\n", "relu abc\ndepthwise 456\n", "relu abc\n"])
     returncodes = iter([0, 0, 1])
+    events = []
 
-    def fake_run(*args, **kwargs):
-        return subprocess.CompletedProcess(
-            args, next(returncodes), next(outputs), "Traceback\nValueError: boom"
-        )
+    class FakeProcess:
+        def __init__(self, command, **kwargs):
+            assert command[-3:] == [
+                str(gpu.ROOT / "tests" / "determinism_check.py"),
+                "--size",
+                "large",
+            ]
+            assert kwargs["env"]["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+            self.returncode, self.stdout = next(returncodes), next(outputs)
+            events.append("start")
 
-    monkeypatch.setattr(gpu.subprocess, "run", fake_run)
+        def communicate(self):
+            events.append("wait")
+            return self.stdout, "Traceback\nValueError: boom"
+
+    monkeypatch.setattr(gpu.subprocess, "Popen", FakeProcess)
     assert gpu.determinism(processes=2) == {
         "processes": 2,
         "bit_patterns": {"relu": 1, "depthwise": 2},
     }
+    assert events == ["start", "start", "wait", "wait"]
     failed = gpu.determinism(processes=1)
     assert failed["failed"].endswith("ValueError: boom")
     machine = dict.fromkeys(("device", "driver", "jax", "jaxlib", "torch", "triton"), "?")
