@@ -774,7 +774,8 @@ def write_json(path: str, results: dict) -> None:
 
 def narrow(args: argparse.Namespace) -> None:
     """Keeps the cases, dtypes and layouts that ``--cases``, ``--dtypes`` and
-    ``--layouts`` ask for, so that a run can be cut into parts that each fit a
+    ``--layouts`` ask for, and leaves "xla" out of the timings for
+    ``--skip-xla-timing``, so that a run can be cut into parts that each fit a
     time limit; stops the run where no case is left."""
     if args.dtypes:
         DTYPES[:] = [d for d in DTYPES if d in args.dtypes]
