@@ -1,7 +1,7 @@
 """jaxgrad on a CUDA GPU: correctness, reproducibility across processes, speed.
 
     python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
-                             [--sections depthwise resample train]
+                             [--sections determinism depthwise resample train]
                              [--cases SUBSTRING ...] [--dtypes ...] [--layouts ...]
                              [--skip-xla-timing]
 
@@ -95,7 +95,7 @@ RESAMPLE_LAYOUTS = {
 }
 RESAMPLE_SCALES = (2.0, 0.5, 1.7)
 RESAMPLE_VOLUME = ("NCDHW", (4, 32, 64, 64, 64), (2, 3, 4))  # linear 2x only
-SECTIONS = ("depthwise", "resample", "train")
+SECTIONS = ("determinism", "depthwise", "resample", "train")
 # Where the PyTorch peers run: the GPU; the CPU in a smoke run, which checks their code.
 TORCH_DEVICE = "cuda"
 
@@ -793,7 +793,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
-    parser.add_argument("--skip-determinism", action="store_true")
+    parser.add_argument(
+        "--skip-determinism",
+        action="store_true",
+        help="leave the check across fresh processes out (as --sections without determinism)",
+    )
     parser.add_argument(
         "--skip-xla-timing",
         action="store_true",
@@ -882,7 +886,7 @@ def main() -> None:
 
     record("machine", environment())
     print("machine:", json.dumps(results["machine"]))
-    if not (args.skip_determinism or args.smoke):
+    if "determinism" in args.sections and not (args.skip_determinism or args.smoke):
         with section("reproducibility in 3 fresh processes:", "determinism"):
             record("determinism", determinism())
     bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)

@@ -272,6 +272,30 @@ def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
     ]
 
 
+def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch):
+    """``--sections determinism`` runs the check across fresh processes and no
+    other section: a lease of a GPU can give it a call of its own."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    def not_run(*args):
+        raise AssertionError("a section that was not asked for ran")
+
+    for name in ("correctness", "speed", "resample_correctness", "resample_speed", "train_step"):
+        monkeypatch.setattr(gpu, name, not_run)
+    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
+        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
+    monkeypatch.setattr(gpu, "determinism", lambda: {"processes": 3, "bit_patterns": {"relu": 1}})
+    monkeypatch.setattr(gpu, "copy_bandwidth", lambda size: 1e12)
+    monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")  # as on a GPU machine
+    out = tmp_path / "out.json"
+    monkeypatch.setattr("sys.argv", ["gpu.py", "--sections", "determinism", "--json", str(out)])
+    gpu.main()
+    results = json.loads(out.read_text())
+    assert results["determinism"] == {"processes": 3, "bit_patterns": {"relu": 1}}
+    assert list(results["seconds"]) == ["determinism"]
+
+
 def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
     """``benchmarks/tune.py --json`` writes each op's search as it ends."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
