@@ -182,16 +182,24 @@ def json_of_a_run_cut_short(script, args, tmp_path, monkeypatch):
     return json.loads(out.read_text())
 
 
-def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
-    """``benchmarks/gpu.py --json`` writes every measurement as it is taken: a run
-    that fails (or meets a time limit) part way keeps the rows it finished."""
+def gpu_to_narrow(monkeypatch):
+    """benchmarks/gpu.py, with copies of the module lists and settings that a run
+    narrows in place (``--smoke``, ``--cases``, ``--dtypes``, ...), so that a test's
+    run leaves the module as it found it."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu
 
-    # A smoke run narrows these module lists in place: give it copies to narrow.
     for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
         monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
+    monkeypatch.setattr(gpu, "IMPLEMENTATIONS", dict(gpu.IMPLEMENTATIONS))
     monkeypatch.setattr(gpu, "TORCH_DEVICE", gpu.TORCH_DEVICE)
+    return gpu
+
+
+def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
+    """``benchmarks/gpu.py --json`` writes every measurement as it is taken: a run
+    that fails (or meets a time limit) part way keeps the rows it finished."""
+    gpu = gpu_to_narrow(monkeypatch)
     monkeypatch.setattr(gpu, "correctness", lambda rng: [{"impl": "xla", "error": 0.0}])
 
     def speed_then_failure(*args):
@@ -209,8 +217,7 @@ def test_gpu_benchmark_runs_the_cases_asked_for(monkeypatch):
     """``--cases`` keeps the cases whose names contain one of its strings, so that a
     run can be cut into parts that each fit a time limit; a string no case name
     contains stops the run at once."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import gpu
+    gpu = gpu_to_narrow(monkeypatch)
 
     assert gpu.chosen("[32,112,112,32] 3x3 s1 M2", []) and gpu.chosen(
         "[32,56,56,192] 5x5 s1", ["5x5", "M2"]
@@ -224,9 +231,6 @@ def test_gpu_benchmark_runs_the_cases_asked_for(monkeypatch):
         ("NHWC", "linear", 2.0),
     ]
     assert len(gpu.resample_cases(smoke=False)) == 13
-    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
-        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
-    monkeypatch.setattr(gpu, "TORCH_DEVICE", gpu.TORCH_DEVICE)
     monkeypatch.setattr("sys.argv", ["gpu.py", "--smoke", "--cases", "7x7"])
     with pytest.raises(SystemExit, match="no case name contains any of"):
         gpu.main()
@@ -236,14 +240,9 @@ def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
     """``--dtypes`` and ``--layouts`` narrow what is checked and timed, as
     ``--cases`` narrows the cases, and ``--skip-xla-timing`` what is timed: a run
     cut into parts that fit a time limit."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
     import argparse
 
-    import gpu
-
-    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
-        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
-    monkeypatch.setattr(gpu, "IMPLEMENTATIONS", dict(gpu.IMPLEMENTATIONS))
+    gpu = gpu_to_narrow(monkeypatch)
     args = argparse.Namespace(
         dtypes=["float16", "bfloat16"],
         layouts=["NCHW"],
@@ -275,16 +274,13 @@ def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
 def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch):
     """``--sections determinism`` runs the check across fresh processes and no
     other section: a lease of a GPU can give it a call of its own."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import gpu
+    gpu = gpu_to_narrow(monkeypatch)
 
     def not_run(*args):
         raise AssertionError("a section that was not asked for ran")
 
     for name in ("correctness", "speed", "resample_correctness", "resample_speed", "train_step"):
         monkeypatch.setattr(gpu, name, not_run)
-    for name in ("CASES", "DTYPES", "CHECKED_DTYPES", "LAYOUTS"):
-        monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
     monkeypatch.setattr(gpu, "determinism", lambda: {"processes": 3, "bit_patterns": {"relu": 1}})
     monkeypatch.setattr(gpu, "copy_bandwidth", lambda size: 1e12)
     monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")  # as on a GPU machine
