@@ -23,7 +23,7 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import FLOAT_DTYPES, TOLERANCE, TRANSFORMS, compiled_entry, needs_kernels, transformed
+from helpers import TOLERANCE, TRANSFORMS, compiled_entry, needs_kernels, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -128,10 +128,9 @@ def test_gradients_match_lax_autodiff(cfg, seed):
 # Dtypes, transforms, closure, gradients
 # ----------------------------------------------------------------------------------
 
-# Every case, format and dtype under jit; the first case also eagerly and under vmap
-# (eager mode dispatches each tap separately, which makes the full grid slow).
-# A filter of 36 taps, strided and dilated, with a multiplier: the large-filter
-# formulation.
+# Every case under jit; the first case also eagerly and under vmap (eager mode
+# dispatches each tap separately, which makes the full grid slow). A filter of 36
+# taps, strided and dilated, with a multiplier: the large-filter formulation.
 LARGE_CASE = ((2, 13, 12, 3), (6, 6, 3, 2), (2, 1), (1, 2), "SAME", ((0, 0), (0, 0)))
 TRANSFORM_GRID = (
     [(CASES[0], t) for t in TRANSFORMS]
@@ -140,9 +139,21 @@ TRANSFORM_GRID = (
 )
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-@pytest.mark.parametrize(("case", "transform"), TRANSFORM_GRID)
+def dtype_grid():
+    """(case, transform, layout, dtype): each case and transform in both layouts,
+    each layout in a half and a full type. The programs differ between float16 and
+    bfloat16 and between half and full types, not between float32 and float64; the
+    half types and the full types alternate, so that every case and every layout
+    meets all four dtypes."""
+    for i, (case, transform) in enumerate(TRANSFORM_GRID):
+        for j, data_format in enumerate(("NHWC", "NCHW")):
+            turn = (i + j) % 2
+            for dtype in ((jnp.float16, jnp.bfloat16)[turn], (jnp.float32, jnp.float64)[turn]):
+                name = f"{i}-{transform}-{data_format}-{dtype.__name__}"
+                yield pytest.param(case, data_format, dtype, transform, id=name)
+
+
+@pytest.mark.parametrize(("case", "data_format", "dtype", "transform"), list(dtype_grid()))
 def test_dtypes_formats_and_transforms(case, data_format, dtype, transform):
     cfg = make_cfg(*case)
     x, f, dy = random_operands(cfg, 0)
@@ -186,11 +197,13 @@ def test_dtypes_formats_and_transforms(case, data_format, dtype, transform):
     close(bpf(xj, dyj), ref_backprop_filter(xr, dyr, cfg))
 
 
-# check_grads compiles every derivative order of every op: about 10-30 s per case.
-# The VJP rules do not depend on the layout, so NCHW runs the cases that differ most
-# (stride 1 SAME; strided, dilated VALID with a multiplier), and the reference tests
-# cover NCHW's values in every case.
-CHECK_GRADS_GRID = [(i, "NHWC") for i in range(len(CASES))] + [(0, "NCHW"), (2, "NCHW")]
+# check_grads compiles every derivative order of every op: about 10-50 s per case.
+# The VJP rules do not depend on the layout or the filter's size, only on the shape
+# arithmetic of strides, dilations, paddings and multipliers: stride 1 SAME, a
+# strided and dilated VALID filter with a multiplier (in both layouts), EXPLICIT
+# padding, and the large filter, strided, dilated SAME with a multiplier. The
+# reference tests cover every case's values in both layouts.
+CHECK_GRADS_GRID = [(0, "NHWC"), (2, "NHWC"), (3, "NHWC"), (2, "NCHW")]
 
 
 @pytest.mark.parametrize(

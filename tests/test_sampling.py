@@ -177,7 +177,7 @@ LISTED_NONE = (_plan, "LISTED_ROWS", 0)  # every axis computes its rows in the p
 UNROLLED_NONE = (_xla, "_MAX_UNROLLED_TAPS", 0)  # every axis loops over its taps
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     n_in=st.integers(2, 40),
     ratio=st.sampled_from(RATIOS),
