@@ -120,12 +120,12 @@ def cases(size: str):
 
                 # The kernels launch differently by multiplier; the XLA program
                 # does not, and runs the first filter and a large one instead.
-                # Interpreted kernels, slow to compile, take each multiplier in one
-                # layout.
-                chosen = filters[:1]
-                if implementation == "pallas" and jax.default_backend() == "cpu":
-                    chosen = filters[fmt == "NCHW" :][:1]
-                elif implementation == "pallas":
+                if implementation != "pallas":
+                    chosen = filters[:1]
+                elif jax.default_backend() == "cpu":
+                    # Interpreted kernels, slow to compile: each multiplier in one layout.
+                    chosen = [filters[(fmt == "NCHW") % len(filters)]]
+                else:
                     chosen = filters
                 for multiplier, f in chosen:
                     yield f"depthwise {implementation} {multiplier}{fmt} {tag}", conv_vjp, (xi, f)
