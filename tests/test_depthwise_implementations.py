@@ -114,13 +114,14 @@ def test_kernels_match_reference(cfg, data_format, seed):
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
-def accuracy_grid():
-    """(case, layout, dtype): every case in both layouts, the dtypes by turns, so
-    that each dtype meets both layouts (the kernels differ between the dtypes only
-    in the type they load; tests/test_depthwise.py runs the full grid of dtypes,
-    layouts and cases through the default implementation)."""
+def kernel_grid(cases):
+    """(case, layout, dtype) for ``cases`` cases: every case in both layouts, the
+    dtypes by turns, so that each dtype meets both layouts (the kernels differ
+    between the dtypes only in the type they load and store; tests/test_depthwise.py
+    runs the full grid of dtypes, layouts and cases through the default
+    implementation)."""
     dtypes = (jnp.float32, jnp.bfloat16, jnp.float16)
-    for case in range(len(CASES)):
+    for case in range(cases):
         for i, data_format in enumerate(("NHWC", "NCHW")):
             dtype = dtypes[(case + 2 * i) % len(dtypes)]
             yield pytest.param(
@@ -129,7 +130,7 @@ def accuracy_grid():
 
 
 @needs_kernels
-@pytest.mark.parametrize("case, data_format, dtype", list(accuracy_grid()))
+@pytest.mark.parametrize("case, data_format, dtype", list(kernel_grid(len(CASES))))
 def test_kernels_accumulate_in_float32(case, data_format, dtype):
     # float32: within 1e-6 relative of float64. Half types: the float32 sums of the
     # kernels are rounded once, so their error is that of the portable implementation,
@@ -679,21 +680,8 @@ def test_bad_implementation(bad):
 LOWERING_CASES = [*CASES, LARGE]
 
 
-def lowering_grid():
-    """(case, layout, dtype): every case in both layouts, the dtypes by turns, so
-    that each dtype meets both layouts (a kernel's Triton program differs between
-    the dtypes in the type it loads and stores)."""
-    dtypes = (jnp.float32, jnp.bfloat16, jnp.float16)
-    for case in range(len(LOWERING_CASES)):
-        for i, data_format in enumerate(("NHWC", "NCHW")):
-            dtype = dtypes[(case + 2 * i) % len(dtypes)]
-            yield pytest.param(
-                case, data_format, dtype, id=f"{case}-{data_format}-{dtype.__name__}"
-            )
-
-
 @needs_kernels
-@pytest.mark.parametrize(("case", "data_format", "dtype"), list(lowering_grid()))
+@pytest.mark.parametrize(("case", "data_format", "dtype"), list(kernel_grid(len(LOWERING_CASES))))
 def test_kernels_lower_for_cuda(case, data_format, dtype):
     # Builds each kernel's Triton program, as a GPU run would before compiling it:
     # an operation the Triton backend cannot lower fails here, without a GPU.
