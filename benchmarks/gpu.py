@@ -33,7 +33,9 @@ as JSON):
 
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
-are timed in interleaved rounds, and their ratios are what to read.
+are timed in interleaved rounds, and their ratios are what to read. Calls that
+lower to the same program (on a GPU the default and the implementation it picks)
+are compiled and timed once and show the same time.
 """
 
 from __future__ import annotations
@@ -117,11 +119,43 @@ def failure(error: Exception) -> str:
     return f"{type(error).__name__}: {first_line[:160]}"
 
 
+def _stablehlo(call: Callable[[], Any]) -> str | None:
+    """The StableHLO of a jitted function bound to its arguments by ``partial``,
+    None for any other call (PyTorch's, a compiled program). Its trace and
+    lowering are cached, and its first call reuses them."""
+    fn = getattr(call, "func", None)
+    if not isinstance(call, partial) or not hasattr(fn, "lower"):
+        return None
+    try:
+        return str(fn.lower(*call.args, **call.keywords).as_text())
+    except Exception:  # the call fails: rounds_ms reports it where it calls it
+        return None
+
+
+def same_programs(calls: dict[str, Callable[[], Any]]) -> dict[str, str]:
+    """Each call whose program is the same StableHLO as an earlier call's, with the
+    earlier call's name: the default and the implementation it picks, say, or a
+    variant that changes nothing on this platform."""
+    first: dict[str, str] = {}
+    twins = {}
+    for name, call in calls.items():
+        text = _stablehlo(call)
+        if text is not None and first.setdefault(text, name) != name:
+            twins[name] = first[text]
+    return twins
+
+
 def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
     """Median milliseconds per call of each zero-argument call: ``per_round`` calls
     back to back, one sync, in interleaved rounds (first call compiles, untimed).
     A call that fails in its untimed calls is left out of the rounds and given
-    NaN, its error printed: one failing peer must not end a GPU run."""
+    NaN, its error printed: one failing peer must not end a GPU run. Calls of
+    the same program (``same_programs``) are compiled and timed once and share
+    its time: two timings of one program would differ by noise alone."""
+    order, twins = list(calls), same_programs(calls)
+    for name, original in twins.items():
+        print(f"    {name}: the program of {original}, timed once", flush=True)
+    calls = {name: call for name, call in calls.items() if name not in twins}
     syncs = {name: _torch_sync if name.startswith("torch") else _sync for name in calls}
     failed = []
     for name, call in calls.items():
@@ -140,9 +174,10 @@ def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int =
                 out = calls[name]()
             syncs[name](out)
             times[name].append((time.perf_counter() - start) / per_round)
-    return {
+    ms = {
         name: math.nan if name in failed else 1e3 * statistics.median(times[name]) for name in calls
     }
+    return {name: ms[twins.get(name, name)] for name in order}
 
 
 def _torch_sync(out: Any) -> None:
@@ -186,14 +221,25 @@ def jaxgrad_ops(fmt: str, x_shape: tuple, f_shape: tuple, stride: int, impl: str
 
 def with_two_kernels(fn: Callable, *args: Any) -> Callable[[], Any]:
     """``fn(*args)`` compiled with one kernel for each gradient where the kernels
-    would compute both in one: the comparison that says whether the one kernel pays."""
+    would compute both in one: the comparison that says whether the one kernel pays.
+    Where no kernel would (no kernel traced, as on the CPU, or a stride of 2),
+    the program is ``fn``'s own, and so is the call returned."""
     from jaxgrad._depthwise import _pallas
 
+    fuses = _pallas.fuses_gradients
+    fused = []
+
+    def one_per_gradient(conv: Any) -> bool:
+        fused.append(fuses(conv))
+        return False
+
     jax.clear_caches()  # trace the backward anew, under the patch
-    with mock.patch.object(_pallas, "fuses_gradients", lambda conv: False):
-        compiled = fn.lower(*args).compile()
+    with mock.patch.object(_pallas, "fuses_gradients", one_per_gradient):
+        lowered = fn.lower(*args)
     jax.clear_caches()
-    return partial(compiled, *args)
+    if not any(fused):
+        return partial(fn, *args)
+    return partial(lowered.compile(), *args)
 
 
 def lax_ops(fmt: str, c: int, m: int, stride: int) -> dict:

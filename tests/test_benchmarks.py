@@ -3,6 +3,7 @@ through every section on the CPU (kernels interpreted; the PyTorch peers on the
 CPU where PyTorch is installed), so the script a GPU machine runs is not first
 tried there."""
 
+import functools
 import importlib.util
 import json
 import math
@@ -12,6 +13,8 @@ import jax
 import numpy as np
 import pytest
 from helpers import needs_kernels, run_script
+
+import jaxgrad
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
@@ -326,6 +329,45 @@ def test_gpu_benchmark_times_the_others_when_one_call_fails(monkeypatch, capsys)
     assert ms["ours"] > 0 and math.isnan(ms["peer"])
     assert "peer failed: NotImplementedError: no kernel for this case" in capsys.readouterr().out
     assert math.isnan(gpu.rounds_ms({"peer": failing}, rounds=2)["peer"])  # every call failing
+
+
+def test_gpu_benchmark_times_one_program_once(monkeypatch, capsys):
+    """Calls whose programs are the same StableHLO (here two jitted functions; on a
+    GPU the default and the implementation it picks) are compiled and timed once
+    and share the time, said so; another program and a non-JAX call are timed."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+    import jax.numpy as jnp
+
+    x = jnp.ones(8)
+    calls = {
+        "double": functools.partial(jax.jit(lambda a: a * 2), x),
+        "other": functools.partial(jax.jit(lambda a: a + 1), x),
+        "twice": functools.partial(jax.jit(lambda a: a * 2), x),
+        "numpy": lambda: np.ones(8) * 2,
+    }
+    assert gpu.same_programs(calls) == {"twice": "double"}
+    ms = gpu.rounds_ms(calls, rounds=2, per_round=1)
+    assert list(ms) == list(calls) and ms["twice"] == ms["double"]
+    assert all(v > 0 for v in ms.values())
+    assert "twice: the program of double, timed once" in capsys.readouterr().out
+
+
+def test_gpu_benchmark_times_two_kernels_only_where_one_would_run(monkeypatch):
+    """The backward timed with one kernel per gradient is the default's own call
+    where no kernel computes both gradients (on the CPU, the default traces none)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+    import jax.numpy as jnp
+
+    fn = jax.jit(
+        lambda x, f: jax.vjp(lambda x, f: jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME"), x, f)[1](
+            x
+        )
+    )
+    x, f = jnp.ones((1, 6, 6, 2)), jnp.ones((3, 3, 2, 1))
+    call = gpu.with_two_kernels(fn, x, f)
+    assert call.func is fn and call.args == (x, f)
 
 
 def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys):
