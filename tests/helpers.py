@@ -101,6 +101,22 @@ def gpu_stand_in():
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def as_jax_defaults():
+    """A context in which JAX runs as it does by default, as the examples expect:
+    float32, ranks and Python scalars promoted (the suite runs in float64,
+    strictly)."""
+    stack = contextlib.ExitStack()
+    if hasattr(jax, "enable_x64"):  # JAX 0.8 and newer
+        stack.enter_context(jax.enable_x64(False))
+    else:
+        from jax import experimental
+
+        stack.enter_context(experimental.disable_x64())
+    stack.enter_context(jax.numpy_dtype_promotion("standard"))
+    stack.enter_context(jax.numpy_rank_promotion("allow"))
+    return stack
+
+
 def run_script(*args, timeout=600):
     """``python *args`` from the repository's root in a fresh process, without the
     caller's XLA_FLAGS (a script sets its own device count)."""

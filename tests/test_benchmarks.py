@@ -12,7 +12,7 @@ import pathlib
 import jax
 import numpy as np
 import pytest
-from helpers import needs_kernels, run_script
+from helpers import as_jax_defaults, needs_kernels, run_script
 
 import jaxgrad
 
@@ -445,16 +445,9 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     float32 linear gradients stay with XLA, which compiles them into one pass).
     Lowering needs no GPU and no ``triton`` package."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import gpu
     import kernel_report
 
-    # The example runs as JAX does by default: float32, ranks and Python scalars
-    # promoted (the suite runs in float64, strictly).
-    with (
-        gpu.x64(False),
-        jax.numpy_dtype_promotion("standard"),
-        jax.numpy_rank_promotion("allow"),
-    ):
+    with as_jax_defaults():
         fn, *args = kernel_report.train_step(batch=2, size=16)
         kernels = kernel_report.triton_modules(fn, *args, capability=90)
     names = [kernel.name for kernel in kernels]
