@@ -190,11 +190,13 @@ def _gather_window(v: jax.Array, runs: Sequence[tuple[int, range]]) -> jax.Array
     inside_masks = []
     for axis, run in runs:
         n = v.shape[axis]
-        index = np.arange(run.start, run.stop, run.step)
-        inside = (index >= 0) & (index < n)
-        if inside.all():
+        if not run or (run[0] >= 0 and run[-1] < n):  # runs step forwards
+            # Decided from the ends: a long run (an output's middle block) would
+            # otherwise cost an index table of its length on the host.
             v = _slice_run(v, axis, run)
             continue
+        index = np.arange(run.start, run.stop, run.step)
+        inside = (index >= 0) & (index < n)
         if n == 0:  # every position is padding
             shape = list(v.shape)
             shape[axis] = len(index)
