@@ -1,10 +1,32 @@
 """Strict numerics for the whole suite, as equinox does: float64 available for gradient
-checks, no silent rank or dtype promotion, warnings are errors (pyproject.toml)."""
+checks, no silent rank or dtype promotion, warnings are errors (pyproject.toml). And
+one compilation of each program per run."""
 
-import jax
-import pytest
-from helpers import TRANSFORMS
-from hypothesis import HealthCheck, settings
+import os
+import shutil
+import tempfile
+
+# Compiling is most of the suite's time, and many tests compile the same programs
+# (a reference, an op met in several tests' grids, a program compiled again after
+# a test cleared JAX's caches). JAX's persistent compilation cache, in a directory
+# of this run's, compiles each once: the first process of a run (pytest, or
+# pytest-xdist's controller) makes the directory and removes it at the end, and the
+# worker processes and the scripts the tests start inherit it with the
+# environment, read when they import JAX. A cached program is the executable the
+# same program compiled to, so nothing a test checks changes, but for one thing:
+# the cross-process determinism check compiles in every process itself
+# (tests/determinism_check.py). A run under a cache of the user's keeps that one.
+RUN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    RUN_CACHE = tempfile.mkdtemp(prefix="jaxgrad-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = RUN_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+import jax  # noqa: E402  (after the environment it reads)
+import pytest  # noqa: E402
+from helpers import TRANSFORMS  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -35,3 +57,8 @@ def patch(monkeypatch):
     yield monkeypatch.setattr
     monkeypatch.undo()
     jax.clear_caches()
+
+
+def pytest_unconfigure(config):
+    if RUN_CACHE is not None:
+        shutil.rmtree(RUN_CACHE, ignore_errors=True)

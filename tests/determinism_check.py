@@ -138,6 +138,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     args = parser.parse_args()
+    # Every process compiles (on a GPU, autotunes) each program itself: a persistent
+    # compilation cache (the test suite's, or a JAX_COMPILATION_CACHE_DIR of the
+    # user's) would give the later processes the first one's executables.
+    jax.config.update("jax_enable_compilation_cache", False)
     for name, fn, operands in cases(args.size):
         print(name, digest(jax.jit(fn)(*operands)), flush=True)
 

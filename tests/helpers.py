@@ -117,10 +117,11 @@ def as_jax_defaults():
     return stack
 
 
-def run_script(*args, timeout=600):
+def run_script(*args, timeout=600, env=None):
     """``python *args`` from the repository's root in a fresh process, without the
-    caller's XLA_FLAGS (a script sets its own device count)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    caller's XLA_FLAGS (a script sets its own device count), with ``env`` added to
+    the environment."""
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )

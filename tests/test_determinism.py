@@ -9,16 +9,22 @@ from helpers import run_script
 from jaxgrad import _kernels
 
 
-def digests(_: int) -> list[str]:
-    result = run_script("tests/determinism_check.py")
-    assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()
+def test_every_op_gives_the_same_bytes_in_three_fresh_processes(tmp_path):
+    # The three processes run side by side: they share nothing but the machine. Each
+    # compiles every program itself, even given a persistent compilation cache
+    # (the suite runs with one), which they leave empty.
+    cache = tmp_path / "xla-cache"
 
+    def digests(_: int) -> list[str]:
+        result = run_script(
+            "tests/determinism_check.py", env={"JAX_COMPILATION_CACHE_DIR": str(cache)}
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
 
-def test_every_op_gives_the_same_bytes_in_three_fresh_processes():
-    # The three processes run side by side: they share nothing but the machine.
     with ThreadPoolExecutor(3) as pool:
         first, *others = pool.map(digests, range(3))
+    assert not cache.exists() or not any(cache.iterdir())
     names = [line.split(" ")[:-1] for line in first]
     # Every family; resample, resize and depthwise in both implementations (on the
     # CPU the default is the "xla" program), the kernels where this JAX runs them.
