@@ -6,27 +6,31 @@ import os
 import shutil
 import tempfile
 
+import jax
+import pytest
+from helpers import TRANSFORMS
+from hypothesis import HealthCheck, settings
+
 # Compiling is most of the suite's time, and many tests compile the same programs
 # (a reference, an op met in several tests' grids, a program compiled again after
 # a test cleared JAX's caches). JAX's persistent compilation cache, in a directory
 # of this run's, compiles each once: the first process of a run (pytest, or
 # pytest-xdist's controller) makes the directory and removes it at the end, and the
 # worker processes and the scripts the tests start inherit it with the
-# environment, read when they import JAX. A cached program is the executable the
-# same program compiled to, so nothing a test checks changes, but for one thing:
-# the cross-process determinism check compiles in every process itself
-# (tests/determinism_check.py). A run under a cache of the user's keeps that one.
+# environment, which JAX reads when it is imported. A cached program is the
+# executable the same program compiled to, so nothing a test checks changes, but
+# for one thing: the cross-process determinism check compiles in every process
+# itself (tests/determinism_check.py). A run under a cache of the user's keeps it.
 RUN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     RUN_CACHE = tempfile.mkdtemp(prefix="jaxgrad-tests-xla-cache-")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = RUN_CACHE
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-
-import jax  # noqa: E402  (after the environment it reads)
-import pytest  # noqa: E402
-from helpers import TRANSFORMS  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+    for option, value in {
+        "jax_compilation_cache_dir": RUN_CACHE,
+        "jax_persistent_cache_min_compile_time_secs": 0,  # every program, however quick
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }.items():
+        jax.config.update(option, value)
+        os.environ[option.upper()] = str(value)
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
