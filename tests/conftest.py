@@ -21,15 +21,11 @@ from hypothesis import HealthCheck, settings
 # executable the same program compiled to, so nothing a test checks changes, but
 # for one thing: the cross-process determinism check compiles in every process
 # itself (tests/determinism_check.py). A run under a cache of the user's keeps it.
-# A size limit makes JAX lock the directory around each read and write (with the
-# `filelock` package): unlocked, a process could read an entry another is still
-# writing, which JAX reports with a warning (an error here) and compiles again.
 RUN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     RUN_CACHE = tempfile.mkdtemp(prefix="jaxgrad-tests-xla-cache-")
     for option, value in {
         "jax_compilation_cache_dir": RUN_CACHE,
-        "jax_compilation_cache_max_size": 2**32,  # a run writes about 50 MB
         "jax_persistent_cache_min_compile_time_secs": 0,  # every program, however quick
         "jax_persistent_cache_min_entry_size_bytes": 0,
     }.items():
