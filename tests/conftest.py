@@ -21,6 +21,9 @@ from hypothesis import HealthCheck, settings
 # executable the same program compiled to, so nothing a test checks changes, but
 # for one thing: the cross-process determinism check compiles in every process
 # itself (tests/determinism_check.py). A run under a cache of the user's keeps it.
+# JAX writes an entry in place, so a worker may read one half written: it warns
+# and compiles (pyproject.toml lets that warning pass). Its file lock, which a size
+# limit turns on, took the suite from 15.6 to 20.2 minutes on 2 cores.
 RUN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     RUN_CACHE = tempfile.mkdtemp(prefix="jaxgrad-tests-xla-cache-")
