@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, settings
 # for one thing: the cross-process determinism check compiles in every process
 # itself (tests/determinism_check.py). A run under a cache of the user's keeps it.
 # JAX writes an entry in place, so a worker may read one half written: it warns
-# and compiles (pyproject.toml lets that warning pass). Its file lock, which a size
-# limit turns on, took the suite from 15.6 to 20.2 minutes on 2 cores.
+# and compiles (pyproject.toml lets that warning pass). JAX's file lock, which a
+# size limit turns on, would prevent that but costs more than the cache saves: it
+# writes an access time on every read and sizes the directory on every write.
 RUN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     RUN_CACHE = tempfile.mkdtemp(prefix="jaxgrad-tests-xla-cache-")
