@@ -33,9 +33,13 @@ say) is listed with its error and never chosen; the search goes on.
 Nothing in the library changes: the candidates are imposed by wrapping
 ``_launch``. It prints, per case and op, the current launch, the best one found,
 their times (medians of interleaved rounds, timed as benchmarks/gpu.py times) and
-their ratio; adopting a launch is an edit to ``_launch``, checked by a rerun of
-benchmarks/gpu.py. ``--smoke`` runs a tiny case of each family on the CPU (the
-kernels interpreted, two candidates a group) to check the script itself.
+their ratio, and beside them, timed in the same rounds, the op's peers of
+benchmarks/gpu.py (lax and its VJPs and PyTorch for depthwise,
+``jax.image.resize`` and its VJP and PyTorch for resample): whether a launch
+closes the gap to them is read off one run. Adopting a launch is an edit to
+``_launch``, checked by a rerun of benchmarks/gpu.py. ``--smoke`` runs a tiny case
+of each family on the CPU (the kernels interpreted, two candidates a group) to
+check the script itself.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 import gpu
@@ -126,12 +130,21 @@ def label(fields: dict[str, int]) -> str:
 # --------------------------------------------------------------------------------------
 
 
-# (case, op, build): build() makes every op of the case and its arrays, once, as
-# {op: (fn, args)}; only the cases asked for are built.
-Case = tuple[str, str, Callable[[], dict[str, tuple[Callable, tuple]]]]
+class Op(NamedTuple):
+    """One op of a case: its function with the kernels forced, its arrays, and the
+    peers it is compared with once its search ends, as zero-argument calls."""
+
+    fn: Callable
+    args: tuple
+    peers: dict[str, Callable[[], Any]]
 
 
-def depthwise_cases(smoke: bool) -> Iterator[Case]:
+# (case, op, build): build() makes every op of the case, once, as {op: Op}; only the
+# cases asked for are built.
+Case = tuple[str, str, Callable[[], dict[str, Op]]]
+
+
+def depthwise_cases(smoke: bool, torch: Any = None) -> Iterator[Case]:
     """Every depthwise case, layout, dtype and op of gpu.py."""
     cases = gpu.CASES[-1:] if smoke else gpu.CASES
     for _, (n, h, w, c), (fh, fw, m), stride in cases:
@@ -140,42 +153,69 @@ def depthwise_cases(smoke: bool) -> Iterator[Case]:
         case = f"[{n},{h},{w},{c}] {fh}x{fw} s{stride}" + (f" M{m}" if m > 1 else "")
         for fmt in gpu.LAYOUTS[:1] if smoke else gpu.LAYOUTS:
             for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
-                shape = (n, c, h, w) if fmt == "NCHW" else (n, h, w, c)
                 oh, ow = -(-h // stride), -(-w // stride)
-                out = (n, c * m, oh, ow) if fmt == "NCHW" else (n, oh, ow, c * m)
-                build = functools.cache(
-                    partial(depthwise_ops, fmt, shape, out, (fh, fw, c, m), stride, dtype)
-                )
+                shapes = ((n, h, w, c), (fh, fw, c, m), (n, oh, ow, c * m))
+                build = functools.cache(partial(depthwise_ops, fmt, shapes, stride, dtype, torch))
                 for op in gpu.OPS:
                     yield f"{case} {fmt} {dtype}", op, build
 
 
-def depthwise_ops(fmt: str, shape: tuple, out: tuple, f_shape: tuple, stride: int, dtype: str):
-    """Each depthwise op with the kernels forced, and its arrays: {op: (fn, args)}."""
+def depthwise_ops(fmt: str, shapes: tuple, stride: int, dtype: str, torch: Any) -> dict[str, Op]:
+    """Each depthwise op with the kernels forced, its arrays, and its peers: lax and
+    its VJPs (cuDNN), and PyTorch in both memory formats where it is installed.
+    ``shapes`` are the input's, the filter's and the output's, in NHWC."""
     rng = np.random.default_rng(0)
-    x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
-    f = jnp.asarray(rng.normal(size=f_shape), dtype)
-    ops = gpu.jaxgrad_ops(fmt, shape, f_shape, stride, "pallas")
-    return {op: (fn, args) for op, fn, args in gpu._named(ops, x, f, dy)}
+    x, f, dy = (rng.normal(size=s).astype(np.float32) for s in shapes)
+    to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
+    xj, fj, dyj = jnp.asarray(to(x), dtype), jnp.asarray(f, dtype), jnp.asarray(to(dy), dtype)
+    _, _, c, m = f.shape
+    ours = gpu.jaxgrad_ops(fmt, xj.shape, f.shape, stride, "pallas")
+    lax = gpu.lax_ops(fmt, c, m, stride)
+    theirs = gpu.torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
+    ops = {}
+    for op, fn, args in gpu._named(ours, xj, fj, dyj):
+        lax_args = (xj, fj) if op == "forward" else (xj, fj, dyj)
+        peers = {"lax": partial(lax[op], *lax_args)}
+        peers.update({f"torch {memory}": calls[op] for memory, calls in theirs.items()})
+        ops[op] = Op(fn, args, peers)
+    return ops
 
 
-def resample_cases(smoke: bool) -> Iterator[Case]:
+def resample_cases(smoke: bool, torch: Any = None) -> Iterator[Case]:
     """Every resample case, dtype and op of gpu.py."""
     for layout, shape, axes, mode, scale in gpu.resample_cases(smoke)[: 1 if smoke else None]:
-        scales, out = gpu.resample_shapes(shape, axes, scale)
         for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
             case = f"{list(shape)} {layout} {mode} {scale}x {dtype}"
-            build = functools.cache(partial(resample_ops, shape, out, scales, mode, dtype))
+            build = functools.cache(partial(resample_ops, shape, axes, mode, scale, dtype, torch))
             for op in ("forward", "backward"):
                 yield case, op, build
 
 
-def resample_ops(shape: tuple, out: tuple, scales: tuple, mode: str, dtype: str):
-    """resample and its gradient with the kernel forced, and their arrays."""
+def resample_ops(
+    shape: tuple, axes: tuple, mode: str, scale: float, dtype: str, torch: Any
+) -> dict[str, Op]:
+    """resample and its gradient with the kernel forced, their arrays, and their
+    peers: jax.image.resize and its VJP, and PyTorch where it is installed."""
+    scales, out = gpu.resample_shapes(shape, axes, scale)
     rng = np.random.default_rng(0)
     x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
-    ops = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
-    return {"forward": (ops["forward"], (x,)), "backward": (ops["backward"], (dy,))}
+    ours = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
+    image = gpu.image_resize(shape, out, mode)
+    peers = {
+        "forward": {"jax.image": partial(image["forward"], x)},
+        "backward": {"jax.image": partial(image["backward"], x, dy)},
+    }
+    if torch:
+        tdtype = getattr(torch, dtype)
+        tx, tdy = (
+            torch.tensor(np.asarray(a, np.float32)).to(gpu.TORCH_DEVICE, tdtype) for a in (x, dy)
+        )
+        for op, call in gpu.torch_resample(torch, tx, tdy, axes, out, scale, mode).items():
+            peers[op]["torch"] = call
+    return {
+        "forward": Op(ours["forward"], (x,), peers["forward"]),
+        "backward": Op(ours["backward"], (dy,), peers["backward"]),
+    }
 
 
 CASES = {"depthwise": depthwise_cases, "resample": resample_cases}
@@ -238,8 +278,10 @@ def candidate(
     return {"launch": given, "call": call, "agrees": agrees(got, want, dtype)}
 
 
-def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> dict:
-    """The current launch of ``fn``'s kernels, the best one found, and every candidate."""
+def search(module: Any, op: Op, rounds: int, smoke: bool) -> dict:
+    """The current launch of ``op``'s kernels, the best one found, every candidate,
+    and the times of the op's peers beside the two launches."""
+    fn, args, peers = op
     dtype = args[0].dtype
     call, want, current = compiled(module, fn, args)
     tried = {label(current): {"launch": current, "call": call, "agrees": True}}
@@ -257,17 +299,19 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
         # A launch that failed when timed (NaN) is never the best.
         fastest = min(valid, key=lambda name: (math.isnan(tried[name]["ms"]), tried[name]["ms"]))
         best = tried[fastest]["launch"]
-    # The current and the best launch timed together once more: their ratio in one run.
+    # The current and the best launch timed together once more, with the peers: their
+    # ratios in one run.
     finalists = {"current": tried[label(current)]["call"]}
     if best != current:
         finalists["best"] = tried[label(best)]["call"]
-    final = gpu.rounds_ms(finalists, rounds)
+    final = gpu.rounds_ms({**finalists, **peers}, rounds)
     final.setdefault("best", final["current"])
     return {
         "current": current,
         "best": best,
         "current_ms": final["current"],
         "best_ms": final["best"],
+        "peers_ms": {name: final[name] for name in peers},
         "candidates": [
             {
                 "launch": t["launch"],
@@ -280,16 +324,29 @@ def search(module: Any, fn: Callable, args: tuple, rounds: int, smoke: bool) -> 
     }
 
 
+def fastest_peer(row: dict) -> tuple[str, float] | None:
+    """The name and time of the fastest peer that ran, None where none did."""
+    ran = {name: ms for name, ms in row.get("peers_ms", {}).items() if not math.isnan(ms)}
+    return min(ran.items(), key=lambda item: item[1]) if ran else None
+
+
 def render(rows: list[dict]) -> str:
     lines = [
-        "| family | case | op | current launch | ms | best launch | ms | current / best |",
-        "|" + "---|" * 8,
+        "| family | case | op | current launch | ms | best launch | ms | current / best "
+        "| fastest peer | ms | best / fastest peer |",
+        "|" + "---|" * 11,
     ]
     for r in rows:
+        peer = fastest_peer(r)
+        versus = (
+            f"| {peer[0]} | {peer[1]:.3f} | {r['best_ms'] / peer[1]:.2f} |"
+            if peer
+            else "| - | - | - |"
+        )
         lines.append(
             f"| {r['family']} | {r['case']} | {r['op']} | {label(r['current'])} "
             f"| {r['current_ms']:.3f} | {label(r['best'])} | {r['best_ms']:.3f} "
-            f"| {r['current_ms'] / r['best_ms']:.2f} |"
+            f"| {r['current_ms'] / r['best_ms']:.2f} {versus}"
         )
     wrong = [(r, c) for r in rows for c in r["candidates"] if not c["agrees"]]
     if wrong:
@@ -319,8 +376,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.rounds = 1
+        gpu.TORCH_DEVICE = "cpu"
     elif jax.default_backend() != "gpu":
         raise SystemExit("benchmarks/tune.py needs a CUDA GPU as JAX's default backend")
+    torch = None
+    with contextlib.suppress(ImportError):  # PyTorch is an optional peer
+        import torch
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": gpu.environment(),
@@ -334,19 +395,19 @@ def main() -> None:
 
     save()
     for family in args.family:
-        for case, op, build in CASES[family](args.smoke):
+        for case, op, build in CASES[family](args.smoke, torch):
             if not gpu.chosen(case, args.cases):
                 continue
             if args.ops and op not in args.ops:
                 continue
             row = {"family": family, "case": case, "op": op}
-            fn, fn_args = build()[op]
-            row.update(search(FAMILIES[family], fn, fn_args, args.rounds, args.smoke))
+            row.update(search(FAMILIES[family], build()[op], args.rounds, args.smoke))
             results["rows"].append(row)
             save()
+            peers = "".join(f", {name} {ms:.3f} ms" for name, ms in row["peers_ms"].items())
             print(
                 f"  {family} {case} {op}: {label(row['current'])} {row['current_ms']:.3f} ms, "
-                f"best {label(row['best'])} {row['best_ms']:.3f} ms",
+                f"best {label(row['best'])} {row['best_ms']:.3f} ms{peers}",
                 flush=True,
             )
     print()

@@ -48,6 +48,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import tune
 
+    has_torch = importlib.util.find_spec("torch") is not None
     out = tmp_path / "tune.json"
     ops = ["backprop_filter", "backward"]
     result = run_script("benchmarks/tune.py", "--smoke", "--ops", *ops, "--json", str(out))
@@ -68,7 +69,11 @@ def test_tune_smoke(tmp_path, monkeypatch):
         assert len({tuple(sorted(launch.items())) for launch in launches}) == 1 + len(groups)
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
-    assert "| current launch |" in result.stdout
+        # The peers were timed beside the launches; PyTorch only where it is installed.
+        jax_peer = {"depthwise": "lax", "resample": "jax.image"}[row["family"]]
+        assert row["peers_ms"][jax_peer] > 0
+        assert any(name.startswith("torch") for name in row["peers_ms"]) == has_torch
+    assert "| current launch |" in result.stdout and f"| {jax_peer} |" in result.stdout
 
 
 @needs_kernels
@@ -79,7 +84,7 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     import tune
 
     [(_, op, build)] = [c for c in tune.CASES["depthwise"](True) if c[1] == "backprop_filter"]
-    fn, args = build()[op]
+    fn, args, _ = build()[op]
     module = tune.FAMILIES["depthwise"]
     _, want, current = tune.compiled(module, fn, args)
     failed = tune.candidate(module, fn, args, {**current, "cols": 0}, want, args[0].dtype)
@@ -307,7 +312,13 @@ def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
             raise RuntimeError("the GPU went away")
         searched.append(1)
         launch = {"cols": 1, "channels": 1, "rows": 1, "warps": 4}
-        return {"current": launch, "best": launch, "current_ms": 1.0, "best_ms": 1.0}
+        return {
+            "current": launch,
+            "best": launch,
+            "current_ms": 1.0,
+            "best_ms": 1.0,
+            "peers_ms": {},
+        }
 
     monkeypatch.setattr(tune, "search", search_then_failure)
     [row] = json_of_a_run_cut_short(tune, ["--family", "depthwise"], tmp_path, monkeypatch)["rows"]
