@@ -21,15 +21,13 @@ as JSON):
 4. Speed of each depthwise op, and of the forward op's backward (both gradients
    at once): jaxgrad (default, "xla", "pallas"), lax and its VJPs (cuDNN), PyTorch
    CUDA (the faster of NCHW and channels_last), against the copy roofline: the
-   bytes the op must read and write over a measured device copy. The backward
-   also times the kernels with one kernel per gradient ("pallas, two kernels"),
-   where the default computes both in one.
+   bytes the op must read and write over a measured device copy.
 5. Speed of resample and its gradient: jaxgrad (default, "xla", "pallas"),
    ``jax.image.resize`` and its VJP, PyTorch CUDA's ``interpolate`` and its
    backward (in the layout's memory format), against the copy roofline.
 6. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock
-   ops; and jaxgrad with its resampling in "xla" and with one kernel per depthwise
-   gradient, which say whether the default's choices pay in a step.
+   ops; and jaxgrad with its resampling in "xla", which says whether the
+   default's choice pays in a step.
 
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
@@ -54,7 +52,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -217,29 +214,6 @@ def jaxgrad_ops(fmt: str, x_shape: tuple, f_shape: tuple, stride: int, impl: str
             )[1](dy)
         ),
     }
-
-
-def with_two_kernels(fn: Callable, *args: Any) -> Callable[[], Any]:
-    """``fn(*args)`` compiled with one kernel for each gradient where the kernels
-    would compute both in one: the comparison that says whether the one kernel pays.
-    Where no kernel would (no kernel traced, as on the CPU, or a stride of 2),
-    the program is ``fn``'s own, and so is the call returned."""
-    from jaxgrad._depthwise import _pallas
-
-    fuses = _pallas.fuses_gradients
-    fused = []
-
-    def one_per_gradient(conv: Any) -> bool:
-        fused.append(fuses(conv))
-        return False
-
-    jax.clear_caches()  # trace the backward anew, under the patch
-    with mock.patch.object(_pallas, "fuses_gradients", one_per_gradient):
-        lowered = fn.lower(*args)
-    jax.clear_caches()
-    if not any(fused):
-        return partial(fn, *args)
-    return partial(lowered.compile(), *args)
 
 
 def lax_ops(fmt: str, c: int, m: int, stride: int) -> dict:
@@ -464,8 +438,6 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         ours = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
                         ((_, fn, args),) = [t for t in _named(ours, xj, fj, dyj) if t[0] == op]
                         calls[f"jaxgrad {label}"] = partial(fn, *args)
-                        if op == "backward" and label == "pallas":
-                            calls["jaxgrad pallas, two kernels"] = with_two_kernels(fn, *args)
                     lax_args = (xj, fj) if op == "forward" else (xj, fj, dyj)
                     calls["lax"] = partial(peer[op], *lax_args)
                     for memory, ops in theirs.items():
@@ -510,9 +482,8 @@ def resampling_in_xla(unet: Any) -> Any:
 
 
 def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
-    """The U-Net step with jaxgrad's ops and with stock ones; and with jaxgrad's ops
-    two other ways, which say whether the default's choices pay: the resampling
-    in "xla", and one kernel per depthwise gradient."""
+    """The U-Net step with jaxgrad's ops and with stock ones; and with jaxgrad's
+    resampling in "xla", which says whether the default's choice pays."""
     import unet
 
     params = unet.init_params(jax.random.key(0))
@@ -527,14 +498,11 @@ def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
     for name, ops in variants.items():
         step = jax.jit(lambda p, o, x, y, ops=ops: unet.train_step(p, o, x, y, ops))
         calls[name] = partial(step, params, opt, noisy, clean)
-    step = jax.jit(lambda p, o, x, y: unet.train_step(p, o, x, y, unet.JAXGRAD))
-    calls["jaxgrad, two kernels"] = with_two_kernels(step, params, opt, noisy, clean)
     ms = rounds_ms(calls, rounds)
     print(
         f"  batch {batch} of {size}x{size}: jaxgrad {ms['jaxgrad']:.2f} ms, "
         f"stock {ms['stock']:.2f} ms, speed-up {ms['stock'] / ms['jaxgrad']:.2f}x; "
-        f"resampling in xla {ms['jaxgrad, resample xla']:.2f} ms, "
-        f"one kernel per depthwise gradient {ms['jaxgrad, two kernels']:.2f} ms"
+        f"resampling in xla {ms['jaxgrad, resample xla']:.2f} ms"
     )
     return dict(batch=batch, size=size, **ms)
 
@@ -756,7 +724,7 @@ def render(results: dict) -> str:
         for r in results["speed"]:
             torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
             pallas = _ms(r, "jaxgrad pallas")
-            if "jaxgrad pallas, two kernels" in r:
+            if "jaxgrad pallas, two kernels" in r:  # runs before the backward's kernels split
                 pallas += f" (two kernels {r['jaxgrad pallas, two kernels']:.3f})"
             lines.append(
                 f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
@@ -802,8 +770,12 @@ def render(results: dict) -> str:
             f"U-Net step, batch {t['batch']} of {t['size']}x{t['size']}: "
             f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
             f'({t["stock"] / t["jaxgrad"]:.2f}x); with the resampling in "xla" '
-            f"{t['jaxgrad, resample xla']:.2f} ms, with one kernel per depthwise gradient "
-            f"{t['jaxgrad, two kernels']:.2f} ms.",
+            f"{t['jaxgrad, resample xla']:.2f} ms"
+            + (  # runs before the backward's kernels split
+                f", with one kernel per depthwise gradient {t['jaxgrad, two kernels']:.2f} ms."
+                if "jaxgrad, two kernels" in t
+                else "."
+            ),
         ]
     if "seconds" in results:
         took = ", ".join(f"{key} {value:.0f} s" for key, value in results["seconds"].items())

@@ -17,8 +17,8 @@ its registers; then the rows (a quarter to four times). A coordinate search: abo
 not). Every case of both families is well over two thousand compiles, so pick
 cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops
 backprop_filter``). The depthwise ``backward`` is the forward op's backward, both
-gradients, which one kernel computes where it can: that kernel's programs are the
-filter gradient's, and so is its launch.
+gradients: each candidate is given to both of its kernels, so a launch for each
+is searched through the gradient ops themselves.
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter

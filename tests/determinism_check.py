@@ -25,7 +25,8 @@ from jaxgrad import _kernels
 
 SIZES = {
     # (resample input NHWC, depthwise input NHWC, depthwise filters). With a
-    # multiplier of 2 one kernel computes both gradients; with 3, one kernel each.
+    # multiplier of 2 the kernels read each input channel once and repeat it in
+    # registers; with 3, once for each of its output channels.
     "small": ((2, 16, 16, 8), (2, 12, 12, 8), ((3, 3, 8, 2), (3, 3, 8, 3))),
     "large": ((32, 64, 64, 64), (32, 112, 112, 96), ((3, 3, 96, 1),)),
 }

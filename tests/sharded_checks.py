@@ -45,8 +45,8 @@ def main(checks: list[str], implementation: str | None) -> None:
     x, dy_up = arr(8, 16, 16, 8), arr(8, 32, 32, 8)
     f, dy_conv = arr(3, 3, 8, 2), arr(8, 16, 16, 16)
     f7 = arr(7, 7, 8, 2)  # a large filter: XLA's filter gradient loops over kernel rows
-    # With a multiplier of 2 one kernel computes both gradients of the forward op;
-    # with 3, one kernel each.
+    # With a multiplier of 2 the kernels read each input channel once and repeat it
+    # in registers; with 3, once for each of its output channels.
     f3, dy_conv3 = arr(3, 3, 8, 3), arr(8, 16, 16, 24)
     # The ops' implementation: None (the default), "xla", or "pallas" (the kernels
     # run interpreted on the CPU devices, each inside one device's shard).

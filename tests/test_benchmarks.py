@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from helpers import as_jax_defaults, needs_kernels, run_script
 
-import jaxgrad
-
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
 
@@ -364,23 +362,6 @@ def test_gpu_benchmark_times_one_program_once(monkeypatch, capsys):
     assert "twice: the program of double, timed once" in capsys.readouterr().out
 
 
-def test_gpu_benchmark_times_two_kernels_only_where_one_would_run(monkeypatch):
-    """The backward timed with one kernel per gradient is the default's own call
-    where no kernel computes both gradients (on the CPU, the default traces none)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import gpu
-    import jax.numpy as jnp
-
-    fn = jax.jit(
-        lambda x, f: jax.vjp(lambda x, f: jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME"), x, f)[1](
-            x
-        )
-    )
-    x, f = jnp.ones((1, 6, 6, 2)), jnp.ones((3, 3, 2, 1))
-    call = gpu.with_two_kernels(fn, x, f)
-    assert call.func is fn and call.args == (x, f)
-
-
 def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys):
     """A correctness check whose op fails is NaN, printed, and shown as failed in
     the table of worst errors, never hidden behind a smaller error."""
@@ -449,11 +430,11 @@ def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypa
 def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     """``kernel_report.py --train-step`` lowers the example U-Net's step for CUDA
     as a GPU would, with the default implementation: every depthwise layer's
-    forward is a kernel; its backward is one kernel for both gradients and one
-    that adds the filter gradient's partials, but in the first layer, which reads
-    the data and needs no input gradient: there the filter gradient's own two
-    kernels. The 2x upsampling is a kernel too (the 0.5x downsampling and the
-    float32 linear gradients stay with XLA, which compiles them into one pass).
+    forward is a kernel; its backward is the input gradient's kernel and the
+    filter gradient's two (its partials, and their sum), but in the first layer,
+    which reads the data and needs no input gradient. The 2x upsampling is a
+    kernel too (the 0.5x downsampling and the float32 linear gradients stay with
+    XLA, which compiles them into one pass).
     Lowering needs no GPU and no ``triton`` package."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import kernel_report
@@ -464,8 +445,8 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     names = [kernel.name for kernel in kernels]
     assert {name: names.count(name) for name in set(names)} == {
         "_forward_kernel": 4,
-        "_gradients_kernel": 3,
-        "_partials_kernel": 1,
+        "_input_kernel": 3,
+        "_partials_kernel": 4,
         "_sum_kernel": 4,
         "_kernel": 1,
     }

@@ -39,7 +39,7 @@ from jax._src import deprecations
 from jax.test_util import check_grads
 
 import jaxgrad
-from jaxgrad import _checks, _implementation, _kernels
+from jaxgrad import _implementation, _kernels
 from jaxgrad._depthwise import _convolution, _pallas, _plan, _xla
 
 
@@ -235,7 +235,7 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
     # On a GPU a program owns several rows where the grid has programs enough (on
     # these small arrays, one row): here every kernel takes its most rows, so the
     # row loops run, and the last block of rows is cut short by the image.
-    monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)
     jax.clear_caches()  # no kernel traced with one row a program is reused
     cfg = make_cfg(*CASES[case])
     (x, f, dy), exact = operands(cfg, data_format, jnp.float64, seed=case)
@@ -286,7 +286,7 @@ def test_rows_kept_in_registers_change_no_bits(
     # reaches exactly the results whose sums read it: none where no output reads
     # that row, and an infinity, not a NaN, where the last output row does (the
     # rows past it, in the last block of rows, must not meet it again with a zero).
-    monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)  # many rows a program
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
     cfg = make_cfg((2, 14, 6, 3), (*kernel, 3, 2), strides, dilations, padding)
     (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
     x64[0, 13, 2, 1] = np.inf
@@ -377,7 +377,7 @@ def test_a_small_filter_sums_more_partials_a_block():
 
 
 # ----------------------------------------------------------------------------------
-# One kernel for both gradients
+# The forward op's backward
 # ----------------------------------------------------------------------------------
 
 
@@ -401,108 +401,22 @@ def to_nchw_shape(shape):
     return (n, c, h, w)
 
 
-# Where the input gradient's rows and columns are the output's, stride 1: SAME, with
-# an even filter (the odd padding pixel after), dilated, explicit padding of the
-# filter's reach, multipliers whose tiles repeat each input channel, and more taps
-# than one program sums (groups of filter rows, a program each).
-FUSED = [
-    ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
-    ((1, 7, 10, 5), (4, 2, 5, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
-    ((2, 6, 9, 2), (3, 3, 2, 1), (1, 1), (2, 1), "SAME", ((0, 0), (0, 0))),
-    ((1, 8, 7, 3), (2, 3, 3, 1), (1, 1), (1, 1), "EXPLICIT", ((0, 1), (2, 0))),
-    ((2, 6, 7, 3), (3, 3, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),
-    ((1, 5, 6, 9), (3, 2, 9, 4), (1, 1), (1, 2), "SAME", ((0, 0), (0, 0))),  # two tiles
-    ((1, 7, 6, 3), (5, 4, 3, 2), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0))),  # two groups
-]
-
-
-@pytest.mark.parametrize(
-    ("shape", "fuses"),
-    [
-        (FUSED[0], True),
-        (FUSED[3], True),
-        (FUSED[6], True),  # 20 taps: one more program writes dx beside the two groups'
-        (((1, 8, 8, 3), (3, 3, 3, 1), (2, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # stride
-        (((1, 8, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "VALID", ((0, 0),) * 2), False),  # fewer
-        (FUSED[4], True),  # M = 2: the tiles repeat each input channel
-        (((1, 8, 8, 3), (3, 3, 3, 3), (1, 1), (1, 1), "SAME", ((0, 0),) * 2), False),  # M = 3
-    ],
-)
-def test_one_kernel_computes_both_gradients_where_their_tiles_agree(shape, fuses):
-    assert _pallas.fuses_gradients(configured(make_cfg(*shape), "NHWC")) == fuses
-
-
-def fused_grid():
-    """(case, layout, dtype, many rows): each case once, the layouts, the dtypes
-    (float64 against the reference too) and one row a program or many by turns:
-    NHWC meets every dtype, NCHW all but bfloat16, and each both ways of taking
-    rows."""
-    dtypes = (jnp.float64, jnp.float32, jnp.bfloat16, jnp.float16)
-    for case in range(len(FUSED)):
-        data_format = ("NHWC", "NCHW")[case % 2]
-        dtype = dtypes[(case + case // 2) % len(dtypes)]
-        many_rows = (case // 2) % 2 == 1
-        name = f"{case}-{data_format}-{dtype.__name__}-{'many' if many_rows else 'one'}"
-        yield pytest.param(case, data_format, dtype, many_rows, id=name)
-
-
-@needs_kernels
-@pytest.mark.parametrize(("case", "data_format", "dtype", "many_rows"), list(fused_grid()))
-def test_both_gradients_in_one_kernel_are_the_two_kernels_sums(
-    case, data_format, dtype, many_rows, monkeypatch
-):
-    # The forward op's backward computes both gradients in one kernel where it can,
-    # adding the two kernels' products in their orders. One program's code is not
-    # the other's, though, and a compiler may fuse a multiply and an add in one and
-    # not in the other: a sum's last bit may differ (float32; float64 for float64),
-    # and so may the rounding of a half-precision result. Many rows a program: the
-    # row loop runs, its last block cut short.
-    if many_rows:
-        monkeypatch.setattr(_pallas, "_MIN_PROGRAMS", 0)
-    cfg = make_cfg(*FUSED[case])
-    (x, f, dy), exact = operands(cfg, data_format, dtype, seed=case)
-    ops = three_ops(cfg, data_format, implementation="pallas")
-    fused, original = [], _pallas._gradients_kernel
-
-    def spy(*refs, **kw):
-        fused.append(kw["conv"])
-        return original(*refs, **kw)
-
-    monkeypatch.setattr(_pallas, "_gradients_kernel", spy)
-    jax.clear_caches()  # trace anew: under the spy, and with the rows asked for
-    gx, gf = jax.jit(lambda x, f, dy: jax.vjp(ops["forward"], x, f)[1](dy))(x, f, dy)
-    assert fused, "the backward did not take the one kernel"
-    assert (_pallas._launch(fused[0], True, "filter").rows > 1) == many_rows
-    sums = float(jnp.finfo(_checks.compute_dtype(dtype)).eps)
-    for got, separate in ((gx, ops["backprop_input"](f, dy)), (gf, ops["backprop_filter"](x, dy))):
-        separate = np.asarray(separate, np.float64)
-        np.testing.assert_allclose(
-            np.asarray(got, np.float64),
-            separate,
-            rtol=float(jnp.finfo(dtype).eps),
-            atol=16 * sums * np.abs(separate).max(),
-        )
-    if dtype == jnp.float64:
-        want = references(cfg, *exact)
-        back = from_nchw if data_format == "NCHW" else (lambda a: a)
-        np.testing.assert_allclose(back(gx), want["backprop_input"], rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(gf, want["backprop_filter"], rtol=1e-10, atol=1e-10)
+STRIDE_1 = ((2, 9, 8, 3), (3, 3, 3, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
 
 
 @needs_kernels
 @pytest.mark.parametrize(
     ("wrt", "kernels"),
     [
-        ((0, 1), {"_gradients_kernel", "_sum_kernel"}),
+        ((0, 1), {"_input_kernel", "_partials_kernel", "_sum_kernel"}),
         ((0,), {"_input_kernel"}),  # the filter is fixed: no filter gradient
         ((1,), {"_partials_kernel", "_sum_kernel"}),  # the input is data: no input gradient
     ],
 )
 def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
-    # A kernel that computes both gradients cannot be cut in half where one of them
-    # goes unused, as an unused op is dropped: the backward takes it only where
-    # both operands are differentiated.
-    cfg = make_cfg(*FUSED[0])
+    # The backward computes the gradients of the differentiated operands alone: the
+    # first layer of a network reads data, and computes the filter gradient only.
+    cfg = make_cfg(*STRIDE_1)
     (x, f, _), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
     grad = jax.grad(lambda x, f: jnp.sum(forward(x, f) ** 2), wrt)
@@ -510,48 +424,21 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
     assert set(re.findall(r"_[a-z]+_kernel\b", text)) == {"_forward_kernel", *kernels}
 
 
-@needs_kernels
-def test_both_gradients_in_one_kernel_under_vmap():
-    # Batched, the kernel of two results goes through pallas_call's batching rule.
-    cfg = make_cfg(*FUSED[0])
-    (x, f, dy), _ = operands(cfg, "NHWC", jnp.float64)
-    forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
-
-    def backward(x, f, dy):
-        return jax.vjp(forward, x, f)[1](dy)
-
-    examples = [(x, f, dy), (dy, -f, x)]  # at stride 1 and SAME, x and dy have one shape
-    batched = jax.vmap(backward)(*(jnp.stack(arrays) for arrays in zip(*examples, strict=True)))
-    for i, example in enumerate(examples):
-        for got, want in zip(batched, backward(*example), strict=True):
-            np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)
-
-
-@needs_kernels
-def test_both_gradients_in_one_kernel_check_grads():
-    # Their VJP is the two gradient ops' VJPs added; checked to second order.
-    cfg = make_cfg((1, 5, 4, 2), (3, 2, 2, 1), (1, 1), (1, 1), "SAME")
-    assert _pallas.fuses_gradients(configured(cfg, "NHWC"))
-    (x, f, _), _ = operands(cfg, "NHWC", jnp.float64)
-    forward = three_ops(cfg, "NHWC", implementation="pallas")["forward"]
-    check_grads(jax.jit(forward), (x, f), order=2, modes=["rev"])
-
-
 @pytest.mark.parametrize(
     ("wanted", "rules"),
     [
         ("dx", ["_backprop_filter", "_conv"]),
         ("df", ["_backprop_input", "_conv"]),
-        ("both", ["_backprop_filter", "_conv", "_backprop_input", "_conv"]),
+        ("both", ["_backprop_input", "_conv", "_backprop_filter", "_conv"]),
     ],
 )
 def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rules, monkeypatch):
     # Differentiated through the input gradient alone (a penalty on dx), the
-    # backward's VJP gets a symbolic zero for the filter gradient's cotangent and
-    # computes only the input gradient's rules: the ops its VJP is made of.
+    # filter gradient gets no cotangent, and only the input gradient's rules run:
+    # the ops its VJP is made of.
     from jaxgrad._depthwise import _ops
 
-    cfg = make_cfg(*FUSED[0])
+    cfg = make_cfg(*STRIDE_1)
     (x, f, dy), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
     calls = []
@@ -565,10 +452,10 @@ def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rul
         picked = {"dx": (gx,), "df": (gf,), "both": (gx, gf)}[wanted]
         return sum(jnp.sum(g**2) for g in picked)
 
-    jax.grad(penalty, (0, 1))(x, f)
-    # The forward's own calls of _conv come first; then the backward's VJP rules.
-    first_rule = next(i for i, name in enumerate(calls) if name != "_conv")
-    assert calls[first_rule:] == rules
+    penalized, pullback = jax.vjp(penalty, x, f)
+    calls.clear()  # the forward and its backward: what the penalty computes
+    pullback(jnp.ones_like(penalized))
+    assert calls == rules
 
 
 # ----------------------------------------------------------------------------------
@@ -688,7 +575,7 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     cfg = make_cfg(*LOWERING_CASES[case])
     (x, f, dy), _ = operands(cfg, data_format, dtype)
     ops = three_ops(cfg, data_format, implementation="pallas")
-    # The forward op's backward: both gradients in one kernel, and the partials' sum.
+    # The forward op's backward: the two gradients' kernels, and the partials' sum.
     ops["backward"] = lambda x, f, dy: jax.vjp(ops["forward"], x, f)[1](dy)
     args = {
         "forward": (x, f),
@@ -696,8 +583,7 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
         "backprop_filter": (x, dy),
         "backward": (x, f, dy),
     }
-    fused = _pallas.fuses_gradients(configured(cfg, data_format))
-    kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2, "backward": 3 - fused}
+    kernels = {"forward": 1, "backprop_input": 1, "backprop_filter": 2, "backward": 3}
     for name, fn in ops.items():
         text = lowered_text(fn, *args[name], platform="cuda")
         assert text.count(TRITON_CALL) == kernels[name], name

@@ -323,9 +323,8 @@ def _run(
 ) -> Any:
     """``op``'s arithmetic on ``args``, from the implementation ``impl`` chooses.
 
-    ``roles`` names the operands and the results (``"xf", "y"``: input and filter
-    to output; ``"xfy", "xf"``: input, filter and output gradient to the two
-    gradients, a tuple). Under explicit sharding they are laid out as
+    ``roles`` names the operands and the result (``"xf", "y"``: input and filter
+    to output). Under explicit sharding they are laid out as
     ``_partition.explicit_specs`` says, whichever implementation computes.
     """
     operands, results = roles
@@ -346,10 +345,7 @@ def _run(
     )
     if specs is None:
         return result
-    if len(results) == 1:
-        return _sharding.reshard(result, specs[-1], mesh)
-    out_specs = specs[len(operands) :]
-    return tuple(_sharding.reshard(r, s, mesh) for r, s in zip(result, out_specs, strict=True))
+    return _sharding.reshard(result, specs[-1], mesh)
 
 
 # --------------------------------------------------------------------------------------
@@ -391,81 +387,18 @@ def _no_cotangent(primal: jax.Array) -> SymbolicZero:
 
 
 def _conv_bwd(conv: Conv, impl: str | None, saved: _Saved, g: Any) -> tuple[Any, Any]:
-    """Both gradients in one call where both are wanted (one kernel may compute
-    them), else the one wanted: a kernel computing both cannot be cut in half
-    where the other goes unused, as an unused op is dropped."""
+    """The gradients of the differentiated operands alone: the first layer of a
+    network reads data, and its backward computes the filter gradient only."""
     x, f = saved.x, saved.f
     if isinstance(g, SymbolicZero):
         return _no_cotangent(x), _no_cotangent(f)
     wants_dx, wants_df = saved.wanted
-    if wants_dx and wants_df:
-        dx, df = _backprops(x, f, g, conv, impl)
-        return _sharding.like(dx, x), _sharding.like(df, f)
-    if wants_dx:
-        return _sharding.like(_backprop_input(f, g, conv, impl), x), _no_cotangent(f)
-    return _no_cotangent(x), _sharding.like(_backprop_filter(x, g, conv, impl), f)
+    dx = _sharding.like(_backprop_input(f, g, conv, impl), x) if wants_dx else _no_cotangent(x)
+    df = _sharding.like(_backprop_filter(x, g, conv, impl), f) if wants_df else _no_cotangent(f)
+    return dx, df
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd, symbolic_zeros=True)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _backprops(
-    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
-) -> tuple[jax.Array, jax.Array]:
-    """``(_backprop_input(f, dy), _backprop_filter(x, dy))`` in one call: an
-    implementation may compute both at once (the kernels then read ``dy`` from
-    memory once), the same sums up to the last bit."""
-    return _run(  # type: ignore[no-any-return]
-        "depthwise_conv2d",
-        impl,
-        conv,
-        ("xfy", "xf"),
-        _xla_backprops,
-        _partition.gradients,
-        x,
-        f,
-        dy,
-    )
-
-
-def _xla_backprops(
-    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv
-) -> tuple[jax.Array, jax.Array]:
-    return _xla.input_gradient(f, dy, conv), _xla.filter_gradient(x, dy, conv)
-
-
-def _backprops_fwd(
-    x: Any, f: Any, dy: Any, conv: Conv, impl: str | None
-) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
-    primals = x.value, f.value, dy.value  # wrapped, with symbolic zeros
-    return _backprops(*primals, conv, impl), primals
-
-
-def _backprops_bwd(
-    conv: Conv,
-    impl: str | None,
-    residuals: tuple[jax.Array, jax.Array, jax.Array],
-    cotangents: tuple[Any, Any],
-) -> tuple[Any, Any, Any]:
-    """The backward rules of ``_backprop_input`` and ``_backprop_filter``, added.
-    A symbolic-zero cotangent adds nothing, so that a derivative through one of
-    the two gradients costs what it did through that op alone."""
-    x, f, dy = residuals
-    c_dx, c_df = (None if isinstance(c, SymbolicZero) else c for c in cotangents)
-    cx = cf = cdy = None
-    if c_dx is not None:  # dx = _backprop_input(f, dy)
-        cf, cdy = _backprop_filter(c_dx, dy, conv, impl), _conv(c_dx, f, conv, impl)
-    if c_df is not None:  # df = _backprop_filter(x, dy)
-        cx, from_df = _backprop_input(c_df, dy, conv, impl), _conv(x, c_df, conv, impl)
-        cdy = from_df if cdy is None else cdy + from_df
-    return tuple(  # type: ignore[return-value]
-        _no_cotangent(primal) if c is None else _sharding.like(c, primal)
-        for c, primal in zip((cx, cf, cdy), residuals, strict=True)
-    )
-
-
-_backprops.defvjp(_backprops_fwd, _backprops_bwd, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -25,9 +25,6 @@ another fixed order.
 - filter gradient: a program sums ``window * dy`` over a block of rows for a
   group of taps, in registers, and writes one partial per tap; a second, small
   kernel adds the partials of all programs up in a fixed order.
-- both gradients (the forward op's backward, at stride 1): the filter
-  gradient's programs write the input gradient of their rows too, so that the
-  output gradient is read from memory once.
 """
 
 from __future__ import annotations
@@ -56,14 +53,13 @@ class _Launch:
     channels: int  # channels per tile: a power of two
     rows: int  # rows per program
     interpret: bool
-    warps: int = 4
+    warps: int
     # Whether a program keeps the input rows that consecutive rows share in
     # registers (a 3x3 filter at stride 1 then reads one new row of windows per
-    # row, not three) rather than read them again from the cache. Off unless a
-    # launch asks: the kept rows cost registers, so fewer programs fit on a
-    # multiprocessor at once, and whether fewer loads pay for that is measured on
-    # a GPU (benchmarks/tune.py).
-    reuse_rows: bool = False
+    # row, not three) rather than read them again from the cache. The kept rows
+    # cost registers, so fewer programs may fit on a multiprocessor at once:
+    # whether fewer loads pay for that is measured per kernel (``_CUTS``).
+    reuse_rows: bool
 
     def call(
         self,
@@ -88,31 +84,59 @@ class _Launch:
         return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
-# Elements per tile (columns x channels): 4 per thread of 4 warps.
-_TILE = 512
-# The channels a tile spans at most, by layout; the columns get the rest.
-_TILE_CHANNELS = {"NHWC": 32, "NCHW": 8}
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """How one kernel cuts its work in one layout: the elements of its tile, the
+    channels the tile spans at most (the columns get the rest), the warps of a
+    program, and whether a program keeps shared input rows (``_Launch.reuse_rows``)."""
+
+    tile: int
+    most_channels: int
+    warps: int
+    reuse_rows: bool = False
+
+
+# Each kernel's cut by layout: the launches benchmarks/tune.py found fastest on an
+# H200 across benchmarks/gpu.py's cases (docs/design.md has the searches). Loads are
+# coalesced along the array's minor axis, channels in NHWC and columns in NCHW, so
+# that axis gets the wide side of the tile. The filter gradient keeps its rows: it
+# holds no taps, so the kept windows fit beside its sums.
+_CUTS = {
+    ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
+    ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
+    ("filter", "NHWC"): _Cut(tile=512, most_channels=64, warps=8, reuse_rows=True),
+    ("forward", "NCHW"): _Cut(tile=1024, most_channels=8, warps=4, reuse_rows=True),
+    ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4),
+    ("filter", "NCHW"): _Cut(tile=1024, most_channels=8, warps=4, reuse_rows=True),
+}
 # Rows one program of each kernel owns at most: a filter-gradient program writes
 # one partial per tap, so more rows mean fewer partials to add up.
 _MOST_ROWS = {"forward": 8, "input": 8, "filter": 16}
-# Programs a kernel's grid should have at least, where fewer rows per program can
-# make them. An H100's 132 multiprocessors hold 4-12 of these programs each at
-# once, so 2048 make 1.3-4 waves: no multiprocessor left without work, and a last
-# wave cut short costs a fraction of the whole.
-_MIN_PROGRAMS = 2048
+# Warps a kernel's grid should have at least, where fewer rows per program can make
+# them: 2048 programs of 4 warps. An H100's 132 multiprocessors hold 16-48 such
+# warps each at once, so these make 1.3-4 waves: no multiprocessor left without
+# work, and a last wave cut short costs a fraction of the whole.
+_MIN_WARPS = 8192
 
 
 def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
-    """The tile and the rows per program of ``kernel`` ("forward", "input",
+    """The tile, warps and rows per program of ``kernel`` ("forward", "input",
     "filter") for ``conv``."""
+    cut = _CUTS[kernel, _layout_name(conv)]
     size, channels = _tiled(conv, kernel)
-    # Loads are coalesced along the array's minor axis: channels in NHWC, columns
-    # in NCHW, so that axis gets the wide side of the tile. Lanes past the array's
-    # channels would idle, so an array with few channels gives them to the columns.
-    chans = min(pl.next_power_of_2(channels), _most_channels(conv))
-    cols = min(pl.next_power_of_2(size[1]), _TILE // chans)
-    launch = _Launch(cols=cols, channels=chans, rows=_MOST_ROWS[kernel], interpret=interpret)
-    while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) < _MIN_PROGRAMS:
+    # Lanes past the array's channels would idle, so an array with few channels
+    # gives them to the columns.
+    chans = min(pl.next_power_of_2(channels), cut.most_channels)
+    cols = min(pl.next_power_of_2(size[1]), cut.tile // chans)
+    launch = _Launch(
+        cols=cols,
+        channels=chans,
+        rows=_MOST_ROWS[kernel],
+        interpret=interpret,
+        warps=cut.warps,
+        reuse_rows=cut.reuse_rows,
+    )
+    while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
     return launch
 
@@ -138,8 +162,13 @@ def _repeats(conv: Conv) -> bool:
 
 
 def _most_channels(conv: Conv) -> int:
-    """The channels a tile spans at most, in ``conv``'s layout."""
-    return _TILE_CHANNELS["NCHW" if conv.nchw else "NHWC"]
+    """The channels every kernel's tile spans at most, in ``conv``'s layout."""
+    layout = _layout_name(conv)
+    return min(cut.most_channels for (_, of), cut in _CUTS.items() if of == layout)
+
+
+def _layout_name(conv: Conv) -> str:
+    return "NCHW" if conv.nchw else "NHWC"
 
 
 def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
@@ -247,7 +276,7 @@ class _Taps:
     """The filter taps of a program's output channels, and the loop over the filter
     rows that uses them.
 
-    Up to ``most_loaded`` taps (``_TAPS_PER_PROGRAM``) are loaded once per
+    Up to ``_TAPS_PER_PROGRAM`` taps are loaded once per
     program, before its row loop, and the filter rows are unrolled. More would
     crowd the registers, so a larger filter loads each tap where it is used, from
     the cache, inside a loop over the filter rows: a load that depends on that
@@ -262,14 +291,12 @@ class _Taps:
         conv: Conv,
         lanes: list[jax.Array],
         dtype: Any,
-        *,
-        most_loaded: int = _TAPS_PER_PROGRAM,
     ) -> None:
         fh, fw = conv.kernel
         self._rows = fh
         self._source = (f_ref, launch, lanes, dtype)
         self._loaded: list[list[jax.Array]] | None = None
-        if fh * fw * len(lanes) <= most_loaded:
+        if fh * fw * len(lanes) <= _TAPS_PER_PROGRAM:
             self._loaded = [[self._load(t, i) for i in range(len(lanes))] for t in range(fh * fw)]
 
     @property
@@ -715,9 +742,10 @@ def _store_partials(
         plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
 
 
-# The partials are added up in blocks of this many elements (16 KiB of float32:
-# each of 128 threads has eight 128-bit loads in flight at once, and a program
-# waits on memory once per block) ...
+# The partials are added up by programs of 4 warps in blocks of this many elements
+# (16 KiB of float32: each of 128 threads has eight 128-bit loads in flight at
+# once, and a program waits on memory once per block) ...
+_SUM_WARPS = 4
 _SUM_BLOCK = 4096
 # ... spanning this many of the filter gradient's elements at most, one program
 # for each such span; the rest of a block is more programs' partials.
@@ -790,162 +818,10 @@ def _sum_partials(partials: jax.Array, conv: Conv, launch: _Launch, dtype: Any) 
     programs, taps, channels = partials.shape
     size = taps * channels
     block = _sum_block(size)
-    summed = launch.call(
+    summed = dataclasses.replace(launch, warps=_SUM_WARPS).call(
         functools.partial(_sum_kernel, block=block),
         _struct((size,), dtype),
         (pl.cdiv(size, block[1]),),
         partials.reshape(programs, size),
     )
     return summed.reshape(conv.filter_shape)
-
-
-# --------------------------------------------------------------------------------------
-# Both gradients at once
-# --------------------------------------------------------------------------------------
-
-
-def fuses_gradients(conv: Conv) -> bool:
-    """Whether one kernel computes both gradients of ``conv``, reading the output
-    gradient from memory once instead of once per gradient.
-
-    Its programs are the filter gradient's, and each also writes the input
-    gradient of its own rows and columns (or, where the taps are cut into groups,
-    one more program for each block of rows). That takes input rows and columns that
-    are the output's (stride 1 and as many outputs as inputs, as SAME padding
-    gives), and tiles of the same lanes in both gradients: output channels,
-    which the input gradient sums over the multiplier where its tiles repeat
-    each input channel (``_repeats``), or a multiplier of 1.
-    """
-    return (
-        conv.strides == (1, 1)
-        and conv.in_size == conv.out_size
-        and (conv.multiplier == 1 or _repeats(conv))
-    )
-
-
-def _gradients_kernel(
-    x_ref: Any,
-    f_ref: Any,
-    dy_ref: Any,
-    dx_ref: Any,
-    part_ref: Any,
-    *,
-    conv: Conv,
-    launch: _Launch,
-) -> None:
-    """A program of the filter gradient's partials that writes the input gradient
-    of its rows too, tile by tile: the output-gradient tiles the input gradient
-    reads around a tile are then the ones the partials have just read, still in
-    the cache. Where the taps are cut into groups, a program each, one more
-    program of the same rows writes the input gradient: it runs beside them and
-    reads the same tiles, from the L2 cache (``_jobs``). Both gradients add the
-    separate kernels' products in their orders."""
-    dtype = _checks.compute_dtype(x_ref.dtype)
-    groups = _tap_groups(conv)
-    program, job = divmod(pl.program_id(0), _jobs(conv))  # the job varies fastest
-    n, first = _image_and_first_row(program, conv, launch, "filter")
-    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
-    in_chans = _input_lanes(conv, launch)
-    fw = conv.kernel[1]
-    # The filter gradient's sums take the registers that would hold the taps: the
-    # input gradient loads each tap where it uses it, from the cache.
-    taps = _Taps(f_ref, launch, conv, [out_chans], dtype, most_loaded=0)
-    zeros = jnp.zeros((launch.cols, launch.channels), dtype)
-
-    def window(i: Any, cols: Any, di: int, dj: int) -> jax.Array:
-        return _tap_window(
-            x_ref, conv, launch, n, i, cols, in_chans, di, dj, dtype, masked_past_output=True
-        )
-
-    def write_input_gradient(i: Any, cols: Any) -> None:
-        def filter_row(di: Any, dx: jax.Array) -> jax.Array:
-            for dj in range(fw):
-                (tile,) = _reached_gradients(
-                    dy_ref, conv, launch, n, i, cols, di, dj, [out_chans], dtype
-                )
-                dx = dx + tile * taps(di * fw + dj, 0)[None, :]
-            return dx
-
-        dx = taps.sum_over_filter_rows(filter_row, zeros)
-        if _repeats(conv):  # output lanes: each input channel sums its M
-            dx = _sum_lane_groups(dx, conv.multiplier)
-        _write(dx_ref, conv, launch, n, i, cols, in_chans, dx)
-
-    def group_gradients(start: int, stop: int, with_input_gradient: bool) -> None:
-        def col_tile(r: Any, c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            i, cols = first + r, _kernels.lanes(c, launch.cols)
-            grad = _read(dy_ref, conv, launch, n, i, cols, out_chans, dtype)
-            sums = tuple(
-                total + window(i, cols, *divmod(t, fw)) * grad
-                for t, total in zip(range(start, stop), sums, strict=True)
-            )
-            if with_input_gradient:
-                write_input_gradient(i, cols)
-            return sums
-
-        def row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-            col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
-            return lax.fori_loop(0, col_tiles, functools.partial(col_tile, r), sums)  # type: ignore[no-any-return]
-
-        sums = lax.fori_loop(0, launch.rows, row, (zeros,) * (stop - start))
-        _store_partials(part_ref, launch, program, range(start, stop), out_chans, sums)
-
-    def input_gradient_rows() -> None:
-        def row(r: Any, carry: None) -> None:
-            col_tiles = pl.cdiv(conv.out_size[1], launch.cols)
-
-            def col_tile(c: Any, carry: None) -> None:
-                write_input_gradient(first + r, _kernels.lanes(c, launch.cols))
-                return carry
-
-            return lax.fori_loop(0, col_tiles, col_tile, carry)  # type: ignore[no-any-return]
-
-        lax.fori_loop(0, launch.rows, row, None)
-
-    if len(groups) == 1:
-        group_gradients(*groups[0], with_input_gradient=True)
-        return
-    for g, (start, stop) in enumerate(groups):
-        lax.cond(job == g, functools.partial(group_gradients, start, stop, False), lambda: None)
-    lax.cond(job == len(groups), input_gradient_rows, lambda: None)
-
-
-def _jobs(conv: Conv) -> int:
-    """The programs of a block of rows in the kernel for both gradients: one where
-    a program sums every tap; else one for each group of taps and one more for
-    the input gradient, which the filter gradient's sums leave no registers for
-    (the input gradient's own program is lighter than any group's)."""
-    groups = len(_tap_groups(conv))
-    return 1 if groups == 1 else groups + 1
-
-
-def gradients(
-    x: jax.Array, f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool, dtype: Any = None
-) -> tuple[jax.Array, jax.Array]:
-    """The input gradient and the filter gradient (in ``dtype``, as
-    ``filter_gradient``): one kernel where ``fuses_gradients``, else the two
-    ops' kernels."""
-    out_dtype = x.dtype if dtype is None else dtype
-    launch = _launch(conv, interpret, "filter")
-    empty = _empty(conv, conv.filter_shape, out_dtype)
-    if not fuses_gradients(conv) or launch.reuse_rows or empty is not None:
-        return (
-            input_gradient(f, dy, conv, interpret=interpret),
-            filter_gradient(x, dy, conv, interpret=interpret, dtype=dtype),
-        )
-    fh, fw = conv.kernel
-    channels = conv.channels * conv.multiplier
-    programs = _row_programs(conv, launch, "filter")
-    _, channel_blocks, _ = _grid(conv, launch, "filter")
-    dx, partials = launch.call(
-        functools.partial(_gradients_kernel, conv=conv),
-        (
-            _struct(conv.input_shape, dy.dtype),
-            _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
-        ),
-        (programs * _jobs(conv), channel_blocks, 1),
-        x,
-        f.reshape(fh * fw, channels),
-        dy,
-    )
-    return dx, _sum_partials(partials, conv, launch, out_dtype)

@@ -255,4 +255,3 @@ def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
 forward = _wrapped(_pallas.forward, "xf", "y")
 input_gradient = _wrapped(_pallas.input_gradient, "fy", "x")
 filter_gradient = _wrapped(_pallas.filter_gradient, "xy", "f")
-gradients = _wrapped(_pallas.gradients, "xfy", "xf")
