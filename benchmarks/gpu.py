@@ -32,8 +32,10 @@ as JSON):
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
 are timed in interleaved rounds, and their ratios are what to read. Calls that
-lower to the same program (on a GPU the default and the implementation it picks)
-are compiled and timed once and show the same time.
+lower to the same program are compiled and timed once and show the same time. On
+a GPU the default's program is not the one of the implementation it picks (it
+holds each platform's branch until XLA compiles it for this one), so their two
+times differ by the run's noise alone: up to 14% in the runs so far.
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ def _stablehlo(call: Callable[[], Any]) -> str | None:
 
 def same_programs(calls: dict[str, Callable[[], Any]]) -> dict[str, str]:
     """Each call whose program is the same StableHLO as an earlier call's, with the
-    earlier call's name: the default and the implementation it picks, say, or a
-    variant that changes nothing on this platform."""
+    earlier call's name: a variant that changes nothing on this platform, say (on
+    the CPU, the default and "xla")."""
     first: dict[str, str] = {}
     twins = {}
     for name, call in calls.items():

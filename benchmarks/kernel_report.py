@@ -18,9 +18,10 @@ wave far from full leaves multiprocessors idle). Times still need a GPU
 (benchmarks/gpu.py).
 
 The loads are counted in the program's text: a load in a loop counts once,
-however often the loop runs. ``--reuse-rows`` compiles the depthwise kernels with
+however often the loop runs. ``--reuse-rows`` compiles every depthwise kernel with
 the launch option that keeps the input rows consecutive rows share in registers
-(``reuse_rows``): their loop then reads fewer windows a row, and the windows the
+(``reuse_rows``; the filter gradient and the NCHW forward keep them without it):
+their loop then reads fewer windows a row, and the windows the
 first row shares are read once before the loop, so the count barely moves while
 the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three).
 

@@ -13,11 +13,13 @@ write (``python benchmarks/<name>.py --json docs/data/<name>.json``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import pathlib
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -315,24 +317,35 @@ def performance_figure(data: dict):
 TABLE = re.compile(r"(<!-- table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
 
 
+def benchmark_script(name: str) -> Any:
+    """The module of ``benchmarks/<name>.py``, whose renderers the pages reuse."""
+    scripts = str(DOCS.parent / "benchmarks")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(name)
+
+
 # The GPU benchmark's tables, which benchmarks/gpu.py renders itself.
 GPU_TABLE = re.compile(r"(<!-- gpu table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
+# The launch searches' table, which benchmarks/tune.py renders itself.
+TUNE_TABLE = re.compile(r"(<!-- tune table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
 
 
 def gpu_tables(data: dict) -> str:
     """The tables ``benchmarks/gpu.py`` prints for the run that wrote ``data``."""
-    benchmarks = str(DOCS.parent / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    import gpu
+    return benchmark_script("gpu").render(data)  # type: ignore[no-any-return]
 
-    return gpu.render(data)  # type: ignore[no-any-return]
+
+def tune_table(data: dict) -> str:
+    """The table ``benchmarks/tune.py`` prints for the searches in ``data``."""
+    return benchmark_script("tune").render(data["rows"])  # type: ignore[no-any-return]
 
 
 def performance_page(text: str) -> str:
     """The page with every marked table re-rendered from its benchmark's JSON."""
     text = TABLE.sub(lambda m: m[1] + performance_table(load_benchmark(m[2])) + "\n" + m[3], text)
-    return GPU_TABLE.sub(lambda m: m[1] + gpu_tables(load_benchmark(m[2])) + "\n" + m[3], text)
+    text = GPU_TABLE.sub(lambda m: m[1] + gpu_tables(load_benchmark(m[2])) + "\n" + m[3], text)
+    return TUNE_TABLE.sub(lambda m: m[1] + tune_table(load_benchmark(m[2])) + "\n" + m[3], text)
 
 
 # --- Writing -----------------------------------------------------------------------

@@ -395,10 +395,14 @@ def test_default_is_the_portable_program_on_the_cpu():
 def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
     assert TRITON_CALL not in lowered(None, "cpu")
-    # Nearest neighbour and float64: XLA's program.
+    # Nearest neighbour in float32, and float64: XLA's program.
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest", grad=True)
     assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
+    # Nearest neighbour in half precision, forward and gradient: the kernel.
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for grad in (False, True):
+            assert TRITON_CALL in lowered(None, "cuda", mode="nearest", dtype=dtype, grad=grad)
     # Linear maps XLA compiles into one pass: one axis resampled, forwards that
     # shrink every axis, float32 gradients of two axes each by 2 or 1/k.
     one_axis = [(1, 1, 1.5, 1), (1, 1.5, 1, 1), (1, 1, 1, 3)]

@@ -96,11 +96,11 @@ class _Cut:
     reuse_rows: bool = False
 
 
-# Each kernel's cut by layout: the launches benchmarks/tune.py found fastest on an
-# H200 across benchmarks/gpu.py's cases (docs/design.md has the searches). Loads are
-# coalesced along the array's minor axis, channels in NHWC and columns in NCHW, so
-# that axis gets the wide side of the tile. The filter gradient keeps its rows: it
-# holds no taps, so the kept windows fit beside its sums.
+# Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
+# over benchmarks/gpu.py's cases (docs/design.md says how; docs/performance.md has
+# the searches). Loads are coalesced along the array's minor axis, channels in NHWC
+# and columns in NCHW, so that axis gets the wide side of the tile. The filter
+# gradient keeps its rows: it holds no taps, so the kept windows fit beside its sums.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),

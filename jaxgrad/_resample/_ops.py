@@ -256,17 +256,21 @@ def resample_grad(
 
 def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
     """Whether ``implementation=None`` takes the kernel on a CUDA GPU. XLA's
-    program applies the axes one at a time; it runs nearest neighbour, and the
-    linear maps it compiles into one pass that way (``one_pass_on_gpus``), about
-    as fast as a copy, and can fuse them with their neighbours. Elsewhere the
-    kernel reads every axis's taps in one pass (``"xla"`` on GPUs then does too,
-    in one expression, not yet timed against it). The kernel also takes every
-    half-precision linear gradient, which XLA ran slower than a copy even in one
-    pass."""
+    program applies the axes one at a time; in float32 it runs nearest neighbour,
+    and the linear maps it compiles into one pass that way (``one_pass_on_gpus``),
+    about as fast as a copy, and can fuse them with their neighbours. Elsewhere
+    the kernel reads every axis's taps in one pass (``"xla"`` on GPUs then does
+    too, in one expression, not yet timed against it). In half precision the
+    kernel also takes nearest neighbour and every linear gradient, which XLA ran
+    slower than a copy even in one pass; XLA keeps the linear forwards it
+    compiles into one pass (a 0.5x shrink ran faster there)."""
     dtype = jnp.dtype(dtype)
-    if not any(axis.linear for axis in axes) or dtype == jnp.float64:
+    if dtype == jnp.float64:
         return False
-    if transpose and dtype != jnp.float32:
+    half = dtype in (jnp.bfloat16, jnp.float16)  # not an integer's nearest copy
+    if not any(axis.linear for axis in axes):
+        return half
+    if transpose and half:
         return True
     return not _xla.one_pass_on_gpus(axes, transpose)
 
