@@ -726,7 +726,8 @@ def render(results: dict) -> str:
         for r in results["speed"]:
             torch_ms = f"{r['torch']:.3f}" if r["torch"] is not None else ""
             pallas = _ms(r, "jaxgrad pallas")
-            if "jaxgrad pallas, two kernels" in r:  # runs before the backward's kernels split
+            # Earlier runs, while one kernel computed both gradients, timed two too.
+            if "jaxgrad pallas, two kernels" in r:
                 pallas += f" (two kernels {r['jaxgrad pallas, two kernels']:.3f})"
             lines.append(
                 f"| {r['case']} | {r['layout']} | {r['dtype']} | {r['op']} | {r['roofline']:.3f} "
@@ -773,7 +774,7 @@ def render(results: dict) -> str:
             f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
             f'({t["stock"] / t["jaxgrad"]:.2f}x); with the resampling in "xla" '
             f"{t['jaxgrad, resample xla']:.2f} ms"
-            + (  # runs before the backward's kernels split
+            + (  # earlier runs, with one kernel for both gradients
                 f", with one kernel per depthwise gradient {t['jaxgrad, two kernels']:.2f} ms."
                 if "jaxgrad, two kernels" in t
                 else "."
