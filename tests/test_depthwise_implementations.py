@@ -4,6 +4,7 @@ kernels' lowering for CUDA GPUs, checked here without one."""
 
 import dataclasses
 import functools
+import math
 import re
 from unittest import mock
 
@@ -341,6 +342,54 @@ def test_multipliers_read_each_input_channel_once_where_they_can(data_format, ch
     got = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("x_shape", "f_shape", "stride", "data_format", "launches"),
+    [
+        # benchmarks/gpu.py's cases, where benchmarks/tune.py searched the launches:
+        # kernel -> (columns, channels, rows, warps, rows kept).
+        (
+            (32, 112, 112, 96),
+            (3, 3, 96, 1),
+            1,
+            "NHWC",
+            {"forward": (16, 32, 8, 4, False), "filter": (8, 64, 4, 8, True)},
+        ),
+        ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", {"filter": (8, 64, 2, 8, True)}),
+        ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", {"filter": (8, 64, 8, 8, True)}),
+        ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", {"filter": (8, 64, 2, 8, True)}),
+        (
+            (32, 96, 112, 112),
+            (3, 3, 96, 1),
+            1,
+            "NCHW",
+            {
+                "forward": (128, 8, 8, 4, True),
+                "input": (64, 8, 8, 4, False),
+                "filter": (128, 8, 16, 4, True),
+            },
+        ),
+    ],
+)
+def test_the_benchmark_cases_get_the_searched_launches(
+    x_shape, f_shape, stride, data_format, launches
+):
+    # The launch table (_CUTS) and the rows rule give, on the cases a GPU searched,
+    # launches the searches timed (docs/performance.md has them); and every grid
+    # has warps enough, or one row a program.
+    conv = _plan.configure(
+        "test", x_shape, f_shape, (stride, stride), "SAME", data_format, (1, 1), ()
+    )
+    for kernel, want in launches.items():
+        launch = _pallas._launch(conv, False, kernel)
+        got = (launch.cols, launch.channels, launch.rows, launch.warps, launch.reuse_rows)
+        assert got == want, kernel
+    for kernel in ("forward", "input", "filter"):
+        launch = _pallas._launch(conv, False, kernel)
+        warps = math.prod(_pallas._grid(conv, launch, kernel)) * launch.warps
+        assert warps >= _pallas._MIN_WARPS or launch.rows == 1, kernel
 
 
 @needs_kernels
