@@ -327,8 +327,8 @@ def _run(
     to output). Under explicit sharding they are laid out as
     ``_partition.explicit_specs`` says, whichever implementation computes.
     """
-    operands, results = roles
-    specs = _partition.explicit_specs(conv, operands, results, args)
+    operands, result = roles
+    specs = _partition.explicit_specs(conv, operands, result, args)
     # The mesh some operand's type names: a filter made inside the function names none.
     mesh = _sharding.explicit_mesh(args)
     if specs is not None:

@@ -33,7 +33,7 @@ from jaxgrad import _checks, _sharding
 from jaxgrad._depthwise import _pallas
 from jaxgrad._depthwise._plan import Conv
 
-Kernel = Callable[..., Any]  # an array, or a tuple of them
+Kernel = Callable[..., jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ def _split(conv: Conv, mesh: Any, sharding: Any) -> _Split:
     return _Split(batch, channels)
 
 
-def _rule(conv: Conv, operands: str, results: str) -> tuple[str, dict[str, Any]]:
+def _rule(conv: Conv, operands: str, result: str) -> tuple[str, dict[str, Any]]:
     """The Shardy rule: batch ``n`` and channels ``c`` may be sharded; every
     spatial factor and the multiplier stay whole."""
     x = "n c h w" if conv.nchw else "n h w c"
@@ -92,12 +92,12 @@ def _rule(conv: Conv, operands: str, results: str) -> tuple[str, dict[str, Any]]
     if conv.multiplier == 1:
         y = y.replace("(c m)", "c")
     names = {"x": x, "y": y, "f": "i j c m"}
-    rule = ", ".join(names[o] for o in operands) + " -> " + ", ".join(names[r] for r in results)
+    rule = ", ".join(names[o] for o in operands) + " -> " + names[result]
     # Shardy numbers the factors in order of first use and wants them so listed.
     factors = list(dict.fromkeys(re.findall(r"\w+", rule)))
     whole = tuple(f for f in factors if f in "hwpqijm")
     extra: dict[str, Any] = {"need_replication_factors": whole}
-    if not any("n" in names[r] for r in results):
+    if "n" not in names[result]:
         extra["reduction_factors"] = ("n",)
     return rule, extra
 
@@ -121,9 +121,9 @@ def _typed_split(conv: Conv, operands: str, args: tuple[jax.Array, ...]) -> Any:
     return mesh, _split(conv, mesh, jax.typeof(args[_lead(operands)]).sharding)
 
 
-def explicit_specs(conv: Conv, operands: str, results: str, args: tuple[jax.Array, ...]) -> Any:
-    """Under JAX's explicit sharding, the shardings the operands and the results
-    take (``PartitionSpec``s, in the order of ``operands + results``); ``None``
+def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array, ...]) -> Any:
+    """Under JAX's explicit sharding, the shardings the operands and the result
+    take (``PartitionSpec``s, in the order of ``operands + result``); ``None``
     under automatic sharding.
 
     Batch and channels keep the cuts of the first activation's type where they
@@ -140,47 +140,33 @@ def explicit_specs(conv: Conv, operands: str, results: str, args: tuple[jax.Arra
     lead = tuple(jax.typeof(args[_lead(operands)]).sharding.spec) + (None,) * 4
     spatial = (2, 3) if conv.nchw else (1, 2)
 
-    def result_spec(role: str) -> Any:
-        (spec,) = _specs(split, conv, role)
-        if role == "f":
-            return spec
+    (spec,) = _specs(split, conv, result)
+    if result != "f":
         parts = [lead[d] if d in spatial else part for d, part in enumerate(spec)]
-        shape = conv.input_shape if role == "x" else conv.output_shape
-        return P(*_sharding.cuts_that_divide(parts, shape, mesh))
-
-    return [*_specs(split, conv, operands), *map(result_spec, results)]
-
-
-def _as_results(items: list[Any], results: str) -> Any:
-    """One item per result, as a kernel of ``results`` returns them: the item
-    itself for one result, else a tuple."""
-    return items[0] if len(results) == 1 else tuple(items)
+        shape = conv.input_shape if result == "x" else conv.output_shape
+        spec = P(*_sharding.cuts_that_divide(parts, shape, mesh))
+    return [*_specs(split, conv, operands), spec]
 
 
 def _per_device(
-    kernel: Kernel, conv: Conv, split: _Split, mesh: Any, results: str, interpret: bool
+    kernel: Kernel, conv: Conv, split: _Split, mesh: Any, result: str, interpret: bool
 ) -> Kernel:
     """The kernel on one device's shards of arrays cut by ``split``."""
     local = split.local(conv, mesh)
-    if not ("f" in results and split.batch):
+    if result != "f" or not split.batch:
         return lambda *args: kernel(*args, local, interpret=interpret)
 
     def summed(*args: jax.Array) -> Any:
         # The filter gradient: each device's float32 sum, then one all-reduce,
         # then one rounding (to the input's dtype, the first operand's).
         dtype = args[0].dtype
-        computed = kernel(*args, local, interpret=interpret, dtype=_checks.compute_dtype(dtype))
-        outs = (computed,) if len(results) == 1 else computed
-        reduced = [
-            lax.psum(out, split.batch).astype(dtype) if role == "f" else out  # type: ignore[no-untyped-call]
-            for role, out in zip(results, outs, strict=True)
-        ]
-        return _as_results(reduced, results)
+        own = kernel(*args, local, interpret=interpret, dtype=_checks.compute_dtype(dtype))
+        return lax.psum(own, split.batch).astype(dtype)  # type: ignore[no-untyped-call]
 
     return summed
 
 
-def _partitioned(kernel: Kernel, operands: str, results: str) -> Any:
+def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
     """``kernel(*args, conv, interpret)`` under ``custom_partitioning``: XLA's
     partitioner (automatic sharding) runs it on each device's shards."""
     lead = _lead(operands)
@@ -192,14 +178,15 @@ def _partitioned(kernel: Kernel, operands: str, results: str) -> Any:
         del result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
         arg_shardings = tuple(shardings(split, conv, mesh, operands))
-        out_shardings = _as_results(shardings(split, conv, mesh, results), results)
-        lower = _per_device(kernel, conv, split, mesh, results, interpret)
-        return mesh, lower, out_shardings, arg_shardings
+        (out_sharding,) = shardings(split, conv, mesh, result)
+        lower = _per_device(kernel, conv, split, mesh, result, interpret)
+        return mesh, lower, out_sharding, arg_shardings
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         del interpret, result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        return _as_results(shardings(split, conv, mesh, results), results)
+        (out_sharding,) = shardings(split, conv, mesh, result)
+        return out_sharding
 
     static = (len(operands), len(operands) + 1)
 
@@ -211,12 +198,12 @@ def _partitioned(kernel: Kernel, operands: str, results: str) -> Any:
     call.def_partition(  # type: ignore[no-untyped-call]
         partition=partition,
         infer_sharding_from_operands=infer,
-        sharding_rule=lambda conv, interpret, mesh, args, outs: _rule(conv, operands, results),
+        sharding_rule=lambda conv, interpret, mesh, args, outs: _rule(conv, operands, result),
     )
     return call
 
 
-def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
+def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
     """``kernel`` for every way JAX may call it.
 
     - Explicit sharding: ``shard_map`` over the arrays' types, laid out by
@@ -225,16 +212,16 @@ def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
     - ``vmap``: ``custom_partitioning`` has no batching rule, so ``custom_vmap``
       batches the kernel through ``pallas_call``'s own rule.
     """
-    call = _partitioned(kernel, operands, results)
+    call = _partitioned(kernel, operands, result)
 
     def run(*args: jax.Array, conv: Conv, interpret: bool) -> Any:
         typed = _typed_split(conv, operands, args)
         if typed is not None:
             mesh, split = typed
-            per_device = _per_device(kernel, conv, split, mesh, results, interpret)
+            per_device = _per_device(kernel, conv, split, mesh, result, interpret)
             in_specs = _specs(split, conv, operands)
-            out_specs = _as_results(_specs(split, conv, results), results)
-            return _sharding.per_shard(per_device, mesh, in_specs, out_specs, *args)
+            (out_spec,) = _specs(split, conv, result)
+            return _sharding.per_shard(per_device, mesh, in_specs, out_spec, *args)
 
         @jax.custom_batching.custom_vmap
         def once(*args: jax.Array) -> Any:
@@ -245,7 +232,7 @@ def _wrapped(kernel: Kernel, operands: str, results: str) -> Kernel:
             del axis_size
             axes = tuple(0 if batched else None for batched in in_batched)
             each = functools.partial(kernel, conv=conv, interpret=interpret)
-            return jax.vmap(each, in_axes=axes)(*args), _as_results([True] * len(results), results)
+            return jax.vmap(each, in_axes=axes)(*args), True
 
         return once(*args)
 
