@@ -264,6 +264,11 @@ def torch_ops(torch: Any, x: np.ndarray, f: np.ndarray, dy: np.ndarray, stride: 
     return out
 
 
+def in_layout(a: np.ndarray, fmt: str) -> np.ndarray:
+    """An NHWC array ``a`` in the layout ``fmt`` (NHWC or NCHW)."""
+    return np.transpose(a, (0, 3, 1, 2)) if fmt == "NCHW" else a
+
+
 def nbytes(*arrays: Any) -> int:
     return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
 
@@ -331,12 +336,11 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     if k != "backward"  # checked against the two gradient ops
                 }
             for fmt in LAYOUTS:
-                to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
                 back = (lambda a: np.transpose(a, (0, 2, 3, 1))) if fmt == "NCHW" else (lambda a: a)
                 xj, fj, dyj = (
-                    jnp.asarray(to(x), dtype),
+                    jnp.asarray(in_layout(x, fmt), dtype),
                     jnp.asarray(f, dtype),
-                    jnp.asarray(to(dy), dtype),
+                    jnp.asarray(in_layout(dy, fmt), dtype),
                 )
                 for label in ("xla", "pallas"):  # the default is one of them
                     ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, label)
@@ -421,11 +425,10 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
         for dtype in DTYPES:
             theirs = torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
             for fmt in LAYOUTS:
-                to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
                 xj, fj, dyj = (
-                    jnp.asarray(to(x), dtype),
+                    jnp.asarray(in_layout(x, fmt), dtype),
                     jnp.asarray(f, dtype),
-                    jnp.asarray(to(dy), dtype),
+                    jnp.asarray(in_layout(dy, fmt), dtype),
                 )
                 peer = lax_ops(fmt, c, m, stride)
                 moved = {

@@ -166,8 +166,8 @@ def depthwise_ops(fmt: str, shapes: tuple, stride: int, dtype: str, torch: Any) 
     ``shapes`` are the input's, the filter's and the output's, in NHWC."""
     rng = np.random.default_rng(0)
     x, f, dy = (rng.normal(size=s).astype(np.float32) for s in shapes)
-    to = (lambda a: np.transpose(a, (0, 3, 1, 2))) if fmt == "NCHW" else (lambda a: a)
-    xj, fj, dyj = jnp.asarray(to(x), dtype), jnp.asarray(f, dtype), jnp.asarray(to(dy), dtype)
+    xj, dyj = (jnp.asarray(gpu.in_layout(a, fmt), dtype) for a in (x, dy))
+    fj = jnp.asarray(f, dtype)
     _, _, c, m = f.shape
     ours = gpu.jaxgrad_ops(fmt, xj.shape, f.shape, stride, "pallas")
     lax = gpu.lax_ops(fmt, c, m, stride)

@@ -108,8 +108,12 @@ def _lead(operands: str) -> int:
     return operands.index("x") if "x" in operands else operands.index("y")
 
 
+def _spec(split: _Split, conv: Conv, role: str) -> Any:
+    return split.filter() if role == "f" else split.activation(conv)
+
+
 def _specs(split: _Split, conv: Conv, roles: str) -> list[Any]:
-    return [split.filter() if role == "f" else split.activation(conv) for role in roles]
+    return [_spec(split, conv, role) for role in roles]
 
 
 def _typed_split(conv: Conv, operands: str, args: tuple[jax.Array, ...]) -> Any:
@@ -140,7 +144,7 @@ def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array
     lead = tuple(jax.typeof(args[_lead(operands)]).sharding.spec) + (None,) * 4
     spatial = (2, 3) if conv.nchw else (1, 2)
 
-    (spec,) = _specs(split, conv, result)
+    spec = _spec(split, conv, result)
     if result != "f":
         parts = [lead[d] if d in spatial else part for d, part in enumerate(spec)]
         shape = conv.input_shape if result == "x" else conv.output_shape
@@ -174,19 +178,20 @@ def _partitioned(kernel: Kernel, operands: str, result: str) -> Any:
     def shardings(split: _Split, conv: Conv, mesh: Any, roles: str) -> list[Any]:
         return [NamedSharding(mesh, spec) for spec in _specs(split, conv, roles)]
 
+    def out_sharding(split: _Split, conv: Conv, mesh: Any) -> Any:
+        return NamedSharding(mesh, _spec(split, conv, result))
+
     def partition(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any):  # type: ignore[no-untyped-def]
         del result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
         arg_shardings = tuple(shardings(split, conv, mesh, operands))
-        (out_sharding,) = shardings(split, conv, mesh, result)
         lower = _per_device(kernel, conv, split, mesh, result, interpret)
-        return mesh, lower, out_sharding, arg_shardings
+        return mesh, lower, out_sharding(split, conv, mesh), arg_shardings
 
     def infer(conv: Conv, interpret: bool, mesh: Any, arg_shapes: Any, result_shape: Any) -> Any:
         del interpret, result_shape
         split = _split(conv, mesh, arg_shapes[lead].sharding)
-        (out_sharding,) = shardings(split, conv, mesh, result)
-        return out_sharding
+        return out_sharding(split, conv, mesh)
 
     static = (len(operands), len(operands) + 1)
 
@@ -220,7 +225,7 @@ def _wrapped(kernel: Kernel, operands: str, result: str) -> Kernel:
             mesh, split = typed
             per_device = _per_device(kernel, conv, split, mesh, result, interpret)
             in_specs = _specs(split, conv, operands)
-            (out_spec,) = _specs(split, conv, result)
+            out_spec = _spec(split, conv, result)
             return _sharding.per_shard(per_device, mesh, in_specs, out_spec, *args)
 
         @jax.custom_batching.custom_vmap
