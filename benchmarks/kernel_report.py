@@ -2,7 +2,7 @@
 
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
-                                       [--reuse-rows]
+                                       [--reuse-rows] [--taps N]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -24,6 +24,8 @@ the launch option that keeps the input rows consecutive rows share in registers
 their loop then reads fewer windows a row, and the windows the
 first row shares are read once before the loop, so the count barely moves while
 the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three).
+``--taps N`` lets every depthwise kernel hold up to ``N`` filter taps in registers
+(``_Launch.taps``): what unrolling a larger filter costs in registers.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -275,6 +277,11 @@ def main() -> None:
         action="store_true",
         help="the depthwise kernels keep the input rows consecutive rows share in registers",
     )
+    parser.add_argument(
+        "--taps",
+        type=int,
+        help="the filter taps every depthwise kernel holds in registers at most",
+    )
     args = parser.parse_args()
     try:
         import triton
@@ -293,13 +300,16 @@ def main() -> None:
     lowering = compiling = 0.0
     kernels = 0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as patches:
-        if args.reuse_rows:
+        imposed = {"reuse_rows": True} if args.reuse_rows else {}
+        if args.taps is not None:
+            imposed["taps"] = args.taps
+        if imposed:
             chosen = depthwise_kernels._launch
 
-            def reusing(*args: Any, **kwargs: Any) -> Any:
-                return dataclasses.replace(chosen(*args, **kwargs), reuse_rows=True)
+            def imposing(*args: Any, **kwargs: Any) -> Any:
+                return dataclasses.replace(chosen(*args, **kwargs), **imposed)
 
-            patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", reusing))
+            patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", imposing))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))

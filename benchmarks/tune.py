@@ -8,17 +8,19 @@ rows one program owns, and the warps that run it (``_launch`` in
 ``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For each
 case of benchmarks/gpu.py and each op, starting from the launch jaxgrad picks
 today, this times the neighbours of the best launch so far in one group of
-parameters at a time: for the depthwise kernels, first whether a program keeps the
-input rows that consecutive rows share in registers (``reuse_rows``: fewer loads,
-more registers); the tile (each side halved, kept or doubled) together with the
-warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
+parameters at a time: for the depthwise kernels, first the filter taps a program
+holds in registers (``taps``, halved, kept or doubled: a 5x5 filter's 25 taps are
+unrolled at 32, looped over or cut into groups at 16), then whether a program keeps
+the input rows that consecutive rows share in registers (``reuse_rows``: fewer
+loads, more registers); the tile (each side halved, kept or doubled) together with
+the warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
 its registers; then the rows (a quarter to four times). A coordinate search: about
-30 compiles per op instead of every combination's 135 (270 with the rows kept or
-not). Every case of both families is well over two thousand compiles, so pick
-cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC bfloat16" --ops
-backprop_filter``). The depthwise ``backward`` is the forward op's backward, both
-gradients: each candidate is given to both of its kernels, so a launch for each
-is searched through the gradient ops themselves.
+35 compiles per op instead of every combination's 810. Every case of both families
+is well over two thousand compiles, so pick cases with ``--cases`` and ``--ops``
+(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``). The depthwise
+``backward`` is the forward op's backward, both gradients: each candidate is given
+to both of its kernels, so a launch for each is searched through the gradient ops
+themselves.
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter
@@ -64,11 +66,13 @@ from jaxgrad._depthwise import _pallas as depthwise_kernels
 from jaxgrad._resample import _pallas as resample_kernels
 
 FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
-# The launch's parameters, searched in this order: whether the depthwise kernels keep
-# the input rows that consecutive rows share in registers (fewer loads, more
-# registers); the tile and the warps together (their ratio is the elements each
-# thread holds, hence its registers); then the rows.
-GROUPS = ("rows kept", "tile and warps", "rows")
+# The launch's parameters, searched in this order: the filter taps the depthwise
+# kernels hold in registers (a filter of more taps loads them where it uses them, or
+# sums them in groups of programs); whether they keep the input rows that
+# consecutive rows share in registers (fewer loads, more registers); the tile and
+# the warps together (their ratio is the elements each thread holds, hence its
+# registers); then the rows.
+GROUPS = ("taps", "rows kept", "tile and warps", "rows")
 WARPS = (2, 4, 8)
 
 
@@ -93,14 +97,17 @@ def launches(module: Any, fields: dict[str, int] | None = None) -> Iterator[list
 
 
 def fields_of(launch: Any) -> dict[str, int]:
-    names = ("cols", "channels", "rows", "warps", "reuse_rows")
+    names = ("cols", "channels", "rows", "warps", "reuse_rows", "taps")
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
 
 def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     """Launches that differ from ``best`` in one group of parameters (and ``best``);
     only ``best`` where its kernels have no such parameter."""
-    if group == "rows kept":
+    if group == "taps":
+        taps = best.get("taps")
+        options = [{"taps": t} for t in sorted({taps // 2, taps, taps * 2})] if taps else [{}]
+    elif group == "rows kept":
         options = [{"reuse_rows": r} for r in (False, True)] if "reuse_rows" in best else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
@@ -122,7 +129,8 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
 def label(fields: dict[str, int]) -> str:
     tile = f"{fields['cols']}x{fields['channels']}"
     kept = ", rows kept" if fields.get("reuse_rows") else ""
-    return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}"
+    taps = f", taps {fields['taps']}" if "taps" in fields else ""
+    return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 
 
 # --------------------------------------------------------------------------------------

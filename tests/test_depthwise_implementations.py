@@ -221,8 +221,35 @@ def test_a_filter_larger_than_one_program_holds():
     conv = _plan.configure(
         "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
     )
-    assert len(_pallas._tap_groups(conv)) > 1
+    assert len(_pallas._tap_groups(conv, _pallas._launch(conv, True, "filter"))) > 1
     x, f, dy = random_operands(cfg, 6)
+    y, dx, df = run_all_three(cfg, "NHWC", x, f, dy, implementation="pallas")
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("strides", "dilations", "padding", "m"),
+    [
+        ((1, 1), (1, 1), "SAME", 1),
+        ((2, 1), (1, 2), "VALID", 2),  # the multiplier repeated in registers
+        ((1, 2), (2, 1), "SAME", 3),  # three taps a lane: more than the cut holds
+    ],
+)
+def test_a_wide_filter_in_nhwc(strides, dilations, padding, m):
+    # A 5x5 filter in NHWC: the forward and the input gradient take the wide
+    # filter's cut, which holds up to 32 taps in registers and keeps shared rows.
+    cfg = make_cfg((2, 13, 9, 3), (5, 5, 3, m), strides, dilations, padding)
+    s, p, kw = op_kwargs(cfg, "NHWC")
+    conv = _plan.configure(
+        "test", cfg["x_shape"], cfg["f_shape"], s, p, "NHWC", kw["dilations"], ()
+    )
+    for kernel in ("forward", "input"):
+        launch = _pallas._launch(conv, True, kernel)
+        assert (launch.taps, launch.reuse_rows) == (32, True), kernel
+    x, f, dy = random_operands(cfg, 7)
     y, dx, df = run_all_three(cfg, "NHWC", x, f, dy, implementation="pallas")
     np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
@@ -269,9 +296,10 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
         ((3, 2), (2, 2), (2, 1), "SAME", "NCHW"),  # one, two input rows apart
         ((3, 2), (1, 2), (2, 1), "VALID", "NHWC"),  # none: dilated rows at stride 1
         ((3, 2), (3, 1), (1, 1), "VALID", "NCHW"),  # none: the stride passes the filter
-        # More taps than a program sums at once: the filter gradient's groups of
-        # filter rows share rows within a group (the forward and the input gradient
-        # loop over the filter rows instead, and keep none).
+        # More taps than the usual cut holds: the filter gradient's groups of filter
+        # rows share rows within a group; in NHWC the forward and the input gradient
+        # take the wide filter's cut, which holds all 20 taps and keeps rows, in NCHW
+        # they loop over the filter rows and keep none.
         ((5, 4), (1, 1), (1, 1), "SAME", "NHWC"),
         ((5, 4), (1, 1), (1, 1), "SAME", "NCHW"),
     ],
@@ -349,26 +377,36 @@ def test_multipliers_read_each_input_channel_once_where_they_can(data_format, ch
     ("x_shape", "f_shape", "stride", "data_format", "launches"),
     [
         # benchmarks/gpu.py's cases, where benchmarks/tune.py searched the launches:
-        # kernel -> (columns, channels, rows, warps, rows kept).
+        # kernel -> (columns, channels, rows, warps, rows kept, taps).
         (
             (32, 112, 112, 96),
             (3, 3, 96, 1),
             1,
             "NHWC",
-            {"forward": (16, 32, 8, 4, False), "filter": (8, 64, 4, 8, True)},
+            {"forward": (16, 32, 8, 4, False, 16), "filter": (8, 64, 4, 8, True, 16)},
         ),
-        ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", {"filter": (8, 64, 2, 8, True)}),
-        ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", {"filter": (8, 64, 8, 8, True)}),
-        ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", {"filter": (8, 64, 2, 8, True)}),
+        ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", {"filter": (8, 64, 2, 8, True, 16)}),
+        (
+            (32, 56, 56, 192),
+            (5, 5, 192, 1),
+            1,
+            "NHWC",
+            {
+                "forward": (8, 16, 8, 2, True, 32),
+                "input": (8, 16, 8, 2, True, 32),
+                "filter": (8, 64, 8, 8, True, 16),
+            },
+        ),
+        ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", {"filter": (8, 64, 2, 8, True, 16)}),
         (
             (32, 96, 112, 112),
             (3, 3, 96, 1),
             1,
             "NCHW",
             {
-                "forward": (128, 8, 8, 4, True),
-                "input": (64, 8, 8, 4, False),
-                "filter": (128, 8, 16, 4, True),
+                "forward": (128, 8, 8, 4, True, 16),
+                "input": (64, 8, 8, 4, False, 16),
+                "filter": (128, 8, 16, 4, True, 16),
             },
         ),
     ],
@@ -384,7 +422,14 @@ def test_the_benchmark_cases_get_the_searched_launches(
     )
     for kernel, want in launches.items():
         launch = _pallas._launch(conv, False, kernel)
-        got = (launch.cols, launch.channels, launch.rows, launch.warps, launch.reuse_rows)
+        got = (
+            launch.cols,
+            launch.channels,
+            launch.rows,
+            launch.warps,
+            launch.reuse_rows,
+            launch.taps,
+        )
         assert got == want, kernel
     for kernel in ("forward", "input", "filter"):
         launch = _pallas._launch(conv, False, kernel)

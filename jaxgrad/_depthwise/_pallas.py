@@ -60,6 +60,11 @@ class _Launch:
     # cost registers, so fewer programs may fit on a multiprocessor at once:
     # whether fewer loads pay for that is measured per kernel (``_CUTS``).
     reuse_rows: bool
+    # Filter taps a program holds in registers at once: the taps themselves in the
+    # forward and the input gradient (a larger filter loads each where it is used),
+    # one float32 sum per tap in the filter gradient (a larger filter's taps are
+    # cut into groups, a program each).
+    taps: int
 
     def call(
         self,
@@ -88,12 +93,14 @@ class _Launch:
 class _Cut:
     """How one kernel cuts its work in one layout: the elements of its tile, the
     channels the tile spans at most (the columns get the rest), the warps of a
-    program, and whether a program keeps shared input rows (``_Launch.reuse_rows``)."""
+    program, whether a program keeps shared input rows (``_Launch.reuse_rows``), and
+    the taps it holds in registers (``_Launch.taps``)."""
 
     tile: int
     most_channels: int
     warps: int
     reuse_rows: bool = False
+    taps: int = 16
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -109,6 +116,15 @@ _CUTS = {
     ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4),
     ("filter", "NCHW"): _Cut(tile=1024, most_channels=8, warps=4, reuse_rows=True),
 }
+# The cuts for a filter of more taps than its kernel's cut above holds, up to the
+# taps these hold (a 5x5 filter), where a search found one: the forward and the
+# input gradient then hold all the taps and keep the shared rows, in tiles small
+# enough (two elements a thread) for both to fit in registers. A filter larger
+# still (7x7) keeps the cut above and loads each tap where it is used.
+_WIDE_FILTER_CUTS = {
+    ("forward", "NHWC"): _Cut(tile=128, most_channels=16, warps=2, reuse_rows=True, taps=32),
+    ("input", "NHWC"): _Cut(tile=128, most_channels=16, warps=2, reuse_rows=True, taps=32),
+}
 # Rows one program of each kernel owns at most: a filter-gradient program writes
 # one partial per tap, so more rows mean fewer partials to add up.
 _MOST_ROWS = {"forward": 8, "input": 8, "filter": 16}
@@ -122,7 +138,7 @@ _MIN_WARPS = 8192
 def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
     """The tile, warps and rows per program of ``kernel`` ("forward", "input",
     "filter") for ``conv``."""
-    cut = _CUTS[kernel, _layout_name(conv)]
+    cut = _cut(conv, kernel)
     size, channels = _tiled(conv, kernel)
     # Lanes past the array's channels would idle, so an array with few channels
     # gives them to the columns.
@@ -135,10 +151,20 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         interpret=interpret,
         warps=cut.warps,
         reuse_rows=cut.reuse_rows,
+        taps=cut.taps,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
     return launch
+
+
+def _cut(conv: Conv, kernel: str) -> _Cut:
+    """``kernel``'s cut for ``conv``'s layout and filter."""
+    key = (kernel, _layout_name(conv))
+    cut, wide = _CUTS[key], _WIDE_FILTER_CUTS.get(key)
+    if wide is not None and cut.taps < math.prod(conv.kernel) <= wide.taps:
+        return wide
+    return cut
 
 
 def _tiled(conv: Conv, kernel: str) -> tuple[tuple[int, int], int]:
@@ -162,9 +188,8 @@ def _repeats(conv: Conv) -> bool:
 
 
 def _most_channels(conv: Conv) -> int:
-    """The channels every kernel's tile spans at most, in ``conv``'s layout."""
-    layout = _layout_name(conv)
-    return min(cut.most_channels for (_, of), cut in _CUTS.items() if of == layout)
+    """The channels every kernel's tile spans at most, for ``conv``."""
+    return min(_cut(conv, kernel).most_channels for kernel in ("forward", "input", "filter"))
 
 
 def _layout_name(conv: Conv) -> str:
@@ -181,7 +206,8 @@ def _grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
     size, channels = _tiled(conv, kernel)
     channel_blocks = pl.cdiv(channels, launch.channels)
     if kernel == "filter":
-        return (_row_programs(conv, launch, kernel) * len(_tap_groups(conv)), channel_blocks, 1)
+        groups = len(_tap_groups(conv, launch))
+        return (_row_programs(conv, launch, kernel) * groups, channel_blocks, 1)
     return (_row_programs(conv, launch, kernel), channel_blocks, pl.cdiv(size[1], launch.cols))
 
 
@@ -197,10 +223,6 @@ def _image_and_first_row(program: Any, conv: Conv, launch: _Launch, kernel: str)
     (rows, _), _ = _tiled(conv, kernel)
     row_blocks = pl.cdiv(rows, launch.rows)
     return program // row_blocks, program % row_blocks * launch.rows
-
-
-# Taps whose float32 sums one filter-gradient program keeps in registers at once.
-_TAPS_PER_PROGRAM = 16
 
 
 def _layout(conv: Conv) -> Callable[[Any, Any, Any, Any], tuple[Any, ...]]:
@@ -276,12 +298,12 @@ class _Taps:
     """The filter taps of a program's output channels, and the loop over the filter
     rows that uses them.
 
-    Up to ``_TAPS_PER_PROGRAM`` taps are loaded once per
-    program, before its row loop, and the filter rows are unrolled. More would
-    crowd the registers, so a larger filter loads each tap where it is used, from
-    the cache, inside a loop over the filter rows: a load that depends on that
-    loop's index cannot be hoisted out of the row loop (Triton 3.9 hoists loads of
-    a fixed tap, and a 7x7 forward then held 255 registers and spilled).
+    Up to ``launch.taps`` taps are loaded once per program, before its row loop,
+    and the filter rows are unrolled. More would crowd the registers, so a larger
+    filter loads each tap where it is used, from the cache, inside a loop over the
+    filter rows: a load that depends on that loop's index cannot be hoisted out of
+    the row loop (Triton 3.9 hoists loads of a fixed tap, and a 7x7 forward then
+    held 255 registers and spilled).
     """
 
     def __init__(
@@ -296,7 +318,7 @@ class _Taps:
         self._rows = fh
         self._source = (f_ref, launch, lanes, dtype)
         self._loaded: list[list[jax.Array]] | None = None
-        if fh * fw * len(lanes) <= _TAPS_PER_PROGRAM:
+        if fh * fw * len(lanes) <= launch.taps:
             self._loaded = [[self._load(t, i) for i in range(len(lanes))] for t in range(fh * fw)]
 
     @property
@@ -638,11 +660,11 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
 # --------------------------------------------------------------------------------------
 
 
-def _tap_groups(conv: Conv) -> list[tuple[int, int]]:
+def _tap_groups(conv: Conv, launch: _Launch) -> list[tuple[int, int]]:
     """The taps, flat index ``di * fw + dj``, cut into runs of whole filter rows of
-    at most ``_TAPS_PER_PROGRAM`` taps (one row when a row alone is longer)."""
+    at most ``launch.taps`` taps (one row when a row alone is longer)."""
     fh, fw = conv.kernel
-    rows = max(1, _TAPS_PER_PROGRAM // fw)
+    rows = max(1, launch.taps // fw)
     return [(top * fw, min(top + rows, fh) * fw) for top in range(0, fh, rows)]
 
 
@@ -650,7 +672,7 @@ def _partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
     dtype = _checks.compute_dtype(x_ref.dtype)
-    groups = _tap_groups(conv)
+    groups = _tap_groups(conv, launch)
     program, group = divmod(pl.program_id(0), len(groups))  # the group varies fastest
     n, first = _image_and_first_row(program, conv, launch, "filter")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
