@@ -399,28 +399,38 @@ def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest")
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest", grad=True)
     assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
-    # Nearest neighbour in half precision, forward and gradient: the kernel.
+    # Nearest neighbour in half precision, forward and gradient: the kernel (but
+    # for a gradient along the last axis, below).
     for dtype in (jnp.bfloat16, jnp.float16):
-        for grad in (False, True):
-            assert TRITON_CALL in lowered(None, "cuda", mode="nearest", dtype=dtype, grad=grad)
+        assert TRITON_CALL in lowered(None, "cuda", mode="nearest", dtype=dtype)
+        assert TRITON_CALL in lowered(
+            None, "cuda", mode="nearest", dtype=dtype, grad=True, scales=(1, 2, 2, 1)
+        )
     # Linear maps XLA compiles into one pass: one axis resampled, forwards that
     # shrink every axis, float32 gradients of two axes each by 2 or 1/k.
     one_axis = [(1, 1, 1.5, 1), (1, 1.5, 1, 1), (1, 1, 1, 3)]
     for dtype in (jnp.float32, jnp.bfloat16):
         for scales in [*one_axis, (1, 1, 0.5, 0.5), (1, 1, 0.25, 0.7), (1, 0.5, 0.5, 0.5)]:
             assert TRITON_CALL not in lowered(None, "cuda", dtype=dtype, scales=scales), scales
-    for scales in [*one_axis, (1, 1, 2, 2), (1, 1, 0.5, 2), (1, 1, 0.25, 0.5)]:
+    for scales in [*one_axis, (1, 2, 2, 1), (1, 0.5, 2, 1), (1, 0.25, 0.5, 1)]:
         assert TRITON_CALL not in lowered(None, "cuda", grad=True, scales=scales), scales
     # Linear maps XLA splits into a pass per axis: the kernel.
     for dtype in (jnp.float32, jnp.bfloat16):
         for scales in [(1, 1, 2, 2), (1, 1, 2, 0.5), (1, 1, 1.25, 1.25), (1, 2, 2, 2)]:
             assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, scales=scales), scales
-    for scales in [(1, 1, 1.5, 1.5), (1, 1, 3, 2), (1, 1, 2, 1.5), (1, 2, 2, 2)]:
+    for scales in [(1, 1.5, 1.5, 1), (1, 3, 2, 1), (1, 2, 1.5, 1), (2, 2, 2, 1)]:
         assert TRITON_CALL in lowered(None, "cuda", grad=True, scales=scales), scales
     # Half-precision linear gradients, one pass or not: the kernel.
-    for scales in [(1, 1, 2, 2), (1, 1, 0.5, 0.5), (1, 1, 1.5, 1)]:
+    for scales in [(1, 2, 2, 1), (1, 0.5, 0.5, 1), (1, 1.5, 1, 1)]:
         for dtype in (jnp.bfloat16, jnp.float16):
             assert TRITON_CALL in lowered(None, "cuda", dtype=dtype, grad=True, scales=scales)
+    # Gradients along the last axis (channels first), any mode and dtype: XLA's
+    # program, where the kernel would gather along its lanes.
+    for mode in ("nearest", "linear"):
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for scales in [(1, 1, 2, 2), (1, 1, 1.5, 1.5), (1, 2, 2, 2), (1, 1, 1, 0.5)]:
+                got = lowered(None, "cuda", mode=mode, dtype=dtype, grad=True, scales=scales)
+                assert TRITON_CALL not in got, (mode, dtype, scales)
 
 
 @needs_kernels
