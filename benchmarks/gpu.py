@@ -324,15 +324,15 @@ def correctness(rng: np.random.Generator) -> list[dict]:
         f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
         oh, ow = -(-h // stride), -(-w // stride)
         dy = rng.normal(size=(4, oh, ow, c * m)).astype(np.float32)
+        # One set of reference programs for every dtype: compiled once.
+        reference = jaxgrad_ops("NHWC", x.shape, f.shape, stride, "xla")
         for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, fr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, f, dy))
             with jax.default_device(cpu), x64(True):
                 ref = {
                     k: np.asarray(v(*a))
-                    for k, v, a in _named(
-                        jaxgrad_ops("NHWC", xr.shape, fr.shape, stride, "xla"), xr, fr, dyr
-                    )
+                    for k, v, a in _named(reference, xr, fr, dyr)
                     if k != "backward"  # checked against the two gradient ops
                 }
             for fmt in LAYOUTS:
@@ -611,13 +611,14 @@ def resample_correctness(
         scales, out = resample_shapes(shape, axes, scale)
         x = rng.normal(size=shape).astype(np.float32)
         dy = rng.normal(size=out).astype(np.float32)
+        # One set of reference programs for every dtype: compiled once.
+        reference = jaxgrad_resample(shape, scales, mode, "xla")
         for dtype in CHECKED_DTYPES:
             # The reference sees the rounded operands: only the computation's error remains.
             xr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, dy))
             with jax.default_device(cpu), x64(True):
-                ops = jaxgrad_resample(shape, scales, mode, "xla")
-                ref = {"forward": np.asarray(ops["forward"](xr))}
-                ref["backward"] = np.asarray(ops["backward"](dyr))
+                ref = {"forward": np.asarray(reference["forward"](xr))}
+                ref["backward"] = np.asarray(reference["backward"](dyr))
             args = {"forward": jnp.asarray(x, dtype), "backward": jnp.asarray(dy, dtype)}
             for label in ("xla", "pallas"):  # the default is one of them
                 ops = jaxgrad_resample(shape, scales, mode, label)
