@@ -235,7 +235,7 @@ def test_a_filter_larger_than_one_program_holds():
     [
         ((1, 1), (1, 1), "SAME", 1),
         ((2, 1), (1, 2), "VALID", 2),  # the multiplier repeated in registers
-        ((1, 2), (2, 1), "SAME", 3),  # three taps a lane: more than the cut holds
+        ((1, 2), (2, 1), "SAME", 3),  # 25 taps for 3 lane sets: 75, looped over
     ],
 )
 def test_a_wide_filter_in_nhwc(strides, dilations, padding, m):
