@@ -35,7 +35,7 @@ are timed in interleaved rounds, and their ratios are what to read. Calls that
 lower to the same program are compiled and timed once and show the same time. On
 a GPU the default's program is not the one of the implementation it picks (it
 holds each platform's branch until XLA compiles it for this one), so their two
-times differ by the run's noise alone: up to 14% in the runs so far.
+times differ by the run's noise alone: up to 33% in the runs so far.
 """
 
 from __future__ import annotations

@@ -260,9 +260,9 @@ def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
     and the linear maps it compiles into one pass that way (``one_pass_on_gpus``),
     about as fast as a copy, and can fuse them with their neighbours. Elsewhere
     the kernel reads every axis's taps in one pass (``"xla"`` on GPUs then does
-    too, in one expression, not yet timed against it). In half precision the
-    kernel also takes nearest neighbour and every linear gradient, which XLA ran
-    slower than a copy even in one pass; XLA keeps the linear forwards it
+    too, in one expression; below, where that was the faster). In half precision
+    the kernel also takes nearest neighbour and every linear gradient, which XLA
+    ran slower than a copy even in one pass; XLA keeps the linear forwards it
     compiles into one pass (a 0.5x shrink ran faster there).
 
     A gradient that resamples the array's last axis (a channels-first layout)
