@@ -3,21 +3,26 @@
     python benchmarks/gpu.py [--json docs/data/gpu.json] [--skip-determinism]
                              [--sections determinism depthwise resample train]
                              [--cases SUBSTRING ...] [--dtypes ...] [--layouts ...]
-                             [--skip-xla-timing]
+                             [--skip-xla-timing] [--threads N]
 
-One command; on an H200 one depthwise case in one layout and the training step
-took 143 s, so the whole run takes longer than a short lease of a GPU:
+One command. Most of its time is compiling: every program it times is compiled
+once, checked and timed, and jaxgrad's kernel programs compile side by side
+(``--threads``; the programs XLA tunes on the device as it compiles them, the
+peers' and the portable implementation's, one at a time).
 ``--sections``, ``--cases``, ``--dtypes``, ``--layouts`` and ``--skip-xla-timing``
-cut it into parts, and each section's seconds are printed. It prints (and writes
-as JSON):
+cut a run into parts that fit a time limit, and each section's seconds are
+printed. It prints (and writes as JSON):
 
 1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
-2. Correctness: every depthwise op, and resample and its gradient, in both
-   implementations ("xla", "pallas"), against a float64 reference computed on
-   the CPU (the portable implementation in float64), as the relative error
-   ||got - want|| / ||want||.
-3. Reproducibility: tests/determinism_check.py --size large in three fresh
-   processes, compared digest by digest (every op of every family).
+2. Reproducibility: tests/determinism_check.py --size large in three fresh
+   processes, compared digest by digest (every op of every family). The
+   processes start first and run beside the float16 checks.
+3. Correctness, as the relative error ||got - want|| / ||want|| against a float64
+   reference (the portable implementation in float64 on the same rounded
+   operands, which the test suite checks against a loop that follows the
+   definition): in the timed dtypes, of every timed program of jaxgrad's on the
+   timed arrays; in float16, checked but not timed, of both implementations on
+   small arrays of every case.
 4. Speed of each depthwise op, and of the forward op's backward (both gradients
    at once): jaxgrad (default, "xla", "pallas"), lax and its VJPs (cuDNN), PyTorch
    CUDA (the faster of NCHW and channels_last), against the copy roofline: the
@@ -51,7 +56,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -99,6 +105,8 @@ RESAMPLE_VOLUME = ("NCDHW", (4, 32, 64, 64, 64), (2, 3, 4))  # linear 2x only
 SECTIONS = ("determinism", "depthwise", "resample", "train")
 # Where the PyTorch peers run: the GPU; the CPU in a smoke run, which checks their code.
 TORCH_DEVICE = "cuda"
+# How many of jaxgrad's programs compile at once (``--threads``).
+THREADS = os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------------------
@@ -116,6 +124,51 @@ def failure(error: Exception) -> str:
     """An error in one line, for a run that notes it and goes on."""
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"{type(error).__name__}: {first_line[:160]}"
+
+
+def first_result(call: Callable[[], Any]) -> Any:
+    """A call's result, synced, or the exception it raised."""
+    try:
+        out = call()
+        _sync(out)
+        return out
+    except Exception as error:  # noted by the caller, which goes on
+        return error
+
+
+def side_by_side(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Any]:
+    """Each zero-argument call's ``first_result``, the calls made from ``THREADS``
+    threads: their first calls compile side by side (XLA and Triton compile
+    without holding Python's lock). For programs whose compile times nothing on
+    the device (``tuned_by_timing``), or whose times are not taken."""
+    with ThreadPoolExecutor(max(1, min(THREADS, len(calls)))) as pool:
+        return dict(zip(calls, pool.map(first_result, calls.values()), strict=True))
+
+
+# The custom call a Pallas Triton kernel lowers to.
+KERNEL_CALL = "__gpu$xla.gpu.triton"
+
+
+def tuned_by_timing(call: Callable[[], Any]) -> bool:
+    """Whether XLA may pick parts of the call's program by running them on the GPU
+    as it compiles it: every program on a GPU but jaxgrad's kernel programs. XLA
+    tiles its reductions, and picks cuDNN's convolution algorithms and the matrix
+    products' kernels, by timing candidates, and another compile beside it would
+    skew what it picks. The kernels are launched as written, and hold their sums
+    inside them."""
+    if jax.default_backend() != "gpu":
+        return False
+    text = _stablehlo(call)
+    return text is None or KERNEL_CALL not in text
+
+
+def first_results(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Any]:
+    """Each call's ``first_result``: the kernel programs compiled side by side,
+    then the programs XLA tunes by timing, one at a time."""
+    alone = {key: call for key, call in calls.items() if tuned_by_timing(call)}
+    results = side_by_side({key: call for key, call in calls.items() if key not in alone})
+    results |= {key: first_result(call) for key, call in alone.items()}
+    return {key: results[key] for key in calls}
 
 
 def _stablehlo(call: Callable[[], Any]) -> str | None:
@@ -278,17 +331,29 @@ def nbytes(*arrays: Any) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def relative_error(
-    compute: Callable[[], Any], want: np.ndarray, back: Callable = np.asarray
-) -> float:
-    """``||got - want|| / ||want||`` of ``got = back(compute())`` in float64, or NaN
-    with the error printed where ``compute`` fails: the run goes on to the next."""
-    try:
-        got = np.asarray(back(np.asarray(compute(), np.float64)), np.float64)
-    except Exception as error:  # whatever the failure, the other cases are still checked
-        print(f"    failed: {failure(error)}", flush=True)
+def relative_error(got: Any, want: np.ndarray) -> float:
+    """``||got - want|| / ||want||`` in float64 on the host, or NaN where ``got``
+    is the exception its call raised (printed): the run goes on to the next."""
+    if failed(got):
+        print(f"    failed: {failure(got)}", flush=True)
         return math.nan
+    got = np.asarray(got, np.float64)
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@jax.jit
+def _relative_error_on_device(got: jax.Array, want: jax.Array) -> jax.Array:
+    return jnp.linalg.norm(got.astype(want.dtype) - want) / jnp.linalg.norm(want)
+
+
+def relative_error_on_device(got: Any, want: jax.Array) -> float:
+    """``relative_error`` of a timed program's result against a float64 reference
+    on the device: the full-size arrays stay where they are."""
+    if failed(got):
+        print(f"    failed: {failure(got)}", flush=True)
+        return math.nan
+    with x64(True):
+        return float(_relative_error_on_device(got, want))
 
 
 def environment() -> dict:
@@ -313,10 +378,17 @@ def environment() -> dict:
     return env
 
 
+def untimed_dtypes() -> list[str]:
+    """The dtypes checked but not timed (float16): checked on small arrays."""
+    return [dtype for dtype in CHECKED_DTYPES if dtype not in DTYPES]
+
+
 def correctness(rng: np.random.Generator) -> list[dict]:
-    """Relative errors against float64 on the CPU, on 4 images of each case. The
-    reference is the portable implementation in float64, which the test suite
-    checks against a loop that follows the definition."""
+    """Relative errors of both implementations in the dtypes checked but not timed
+    (``untimed_dtypes``), against float64 on the CPU, on 4 images of each case.
+    The reference is the portable implementation in float64, which the test suite
+    checks against a loop that follows the definition. (The timed dtypes are
+    checked on the timed programs themselves: ``speed``.)"""
     cpu = jax.devices("cpu")[0]
     rows = []
     for name, (_, h, w, c), (fh, fw, m), stride in CASES:
@@ -326,7 +398,7 @@ def correctness(rng: np.random.Generator) -> list[dict]:
         dy = rng.normal(size=(4, oh, ow, c * m)).astype(np.float32)
         # One set of reference programs for every dtype: compiled once.
         reference = jaxgrad_ops("NHWC", x.shape, f.shape, stride, "xla")
-        for dtype in CHECKED_DTYPES:
+        for dtype in untimed_dtypes():
             # The reference sees the rounded operands: only the computation's error remains.
             xr, fr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, f, dy))
             with jax.default_device(cpu), x64(True):
@@ -335,8 +407,8 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                     for k, v, a in _named(reference, xr, fr, dyr)
                     if k != "backward"  # checked against the two gradient ops
                 }
+            calls = {}
             for fmt in LAYOUTS:
-                back = (lambda a: np.transpose(a, (0, 2, 3, 1))) if fmt == "NCHW" else (lambda a: a)
                 xj, fj, dyj = (
                     jnp.asarray(in_layout(x, fmt), dtype),
                     jnp.asarray(f, dtype),
@@ -345,23 +417,26 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                 for label in ("xla", "pallas"):  # the default is one of them
                     ops = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, label)
                     for op, fn, args in _named(ops, xj, fj, dyj):
-                        for checked, call, ref_op, layout in _checked(op, fn, args, back):
-                            err = relative_error(call, ref[ref_op], layout)
-                            rows.append(
-                                dict(
-                                    case=name,
-                                    layout=fmt,
-                                    dtype=dtype,
-                                    impl=label,
-                                    op=checked,
-                                    error=err,
-                                )
-                            )
-                            print(
-                                f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
-                                flush=True,
-                            )
+                        calls[fmt, label, op] = partial(fn, *args)
+            # Nothing here is timed: every program compiles side by side.
+            for (fmt, label, op), out in side_by_side(calls).items():
+                for checked, got, ref_op in _parts(op, out):
+                    if fmt == "NCHW" and ref_op != "backprop_filter" and not failed(got):
+                        got = np.transpose(np.asarray(got), (0, 2, 3, 1))
+                    err = relative_error(got, ref[ref_op])
+                    rows.append(
+                        dict(case=name, layout=fmt, dtype=dtype, impl=label, op=checked, error=err)
+                    )
+                    print(
+                        f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
+                        flush=True,
+                    )
     return rows
+
+
+def failed(result: Any) -> bool:
+    """Whether a result of ``side_by_side`` is the exception its call raised."""
+    return isinstance(result, Exception)
 
 
 def _named(ops: dict, x: Any, f: Any, dy: Any):
@@ -374,54 +449,75 @@ def _named(ops: dict, x: Any, f: Any, dy: Any):
     return [(op, ops[op], args[op]) for op in OPS]
 
 
-def _checked(op: str, fn: Callable, args: tuple, back: Callable) -> Iterator[tuple]:
-    """(name, call, reference op, layout back to NHWC) of each result ``op`` gives:
-    the backward's two gradients are checked one by one."""
+def _parts(op: str, out: Any) -> list[tuple[str, Any, str]]:
+    """(name, result, reference op) of each result ``op`` gave: the backward's two
+    gradients are checked one by one (a failure, for both)."""
     if op != "backward":
-        yield op, partial(fn, *args), op, np.asarray if op == "backprop_filter" else back
-        return
-    yield "backward: input", lambda: fn(*args)[0], "backprop_input", back
-    yield "backward: filter", lambda: fn(*args)[1], "backprop_filter", np.asarray
+        return [(op, out, op)]
+    input_grad, filter_grad = (out, out) if failed(out) else out
+    return [
+        ("backward: input", input_grad, "backprop_input"),
+        ("backward: filter", filter_grad, "backprop_filter"),
+    ]
 
 
-def determinism(processes: int = 3) -> dict:
-    """The bit patterns of every case in ``processes`` fresh processes, under the
-    default XLA flags; a process that fails is reported with its error's last lines.
+def start_determinism(processes: int = 3) -> list[subprocess.Popen]:
+    """Starts tests/determinism_check.py --size large in ``processes`` fresh
+    processes, under the default XLA flags (``finish_determinism`` compares them).
 
     The processes run side by side, sharing the GPU as a machine's processes do:
     each still compiles (and autotunes) every program anew, and the check takes the
-    time of one process, not of all of them.
+    time of one process, not of all of them. The float16 checks run meanwhile:
+    they time nothing, and the work beside them, if anything, gives the
+    autotuner's timings more to vary.
     """
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     command = [sys.executable, str(ROOT / "tests" / "determinism_check.py"), "--size", "large"]
-    started = [
+    return [
         subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         for _ in range(processes)
     ]
+
+
+def finish_determinism(started: list[subprocess.Popen]) -> dict:
+    """The bit patterns of every case in the processes ``start_determinism``
+    started; a process that fails is reported with its error's last lines."""
     finished = [(process, *process.communicate()) for process in started]
     runs = []
     for process, stdout, stderr in finished:
         if process.returncode != 0:
             tail = stderr.strip().splitlines()[-5:]
             print("  a process failed:", *tail, sep="\n    ", flush=True)
-            return {"processes": processes, "failed": "\n".join(tail)}
+            return {"processes": len(started), "failed": "\n".join(tail)}
         runs.append(dict(line.rsplit(" ", 1) for line in stdout.splitlines()))
     cases = {name: len({run[name] for run in runs}) for name in runs[0]}
     for name, patterns in cases.items():
         print(f"  {name:<40} {'identical' if patterns == 1 else f'{patterns} bit patterns'}")
-    return {"processes": processes, "bit_patterns": cases}
+    return {"processes": len(started), "bit_patterns": cases}
 
 
-def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> Iterator[dict]:
-    """Each depthwise case's row of times, as it is measured."""
+def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> Iterator[tuple]:
+    """Each depthwise case's rows, as they are measured: ``("correctness", row)``,
+    the relative error of each timed program's result against float64 (the
+    portable implementation in float64 on the same operands, on the device), and
+    ``("speed", row)``, the times of one op.
+
+    jaxgrad's programs of a case, layout and dtype compile first (its kernel
+    programs side by side: ``first_results``), then each op's peers one at a
+    time, as they are timed."""
     for name, (n, h, w, c), (fh, fw, m), stride in CASES:
         x = rng.normal(size=(n, h, w, c)).astype(np.float32)
         f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
         oh, ow = -(-h // stride), -(-w // stride)
         dy = rng.normal(size=(n, oh, ow, c * m)).astype(np.float32)
+        # The float64 references' programs, one per layout, compiled once for every dtype.
+        references = {
+            fmt: jaxgrad_ops(fmt, in_layout(x, fmt).shape, f.shape, stride, "xla")
+            for fmt in LAYOUTS
+        }
         for dtype in DTYPES:
             theirs = torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
             for fmt in LAYOUTS:
@@ -430,6 +526,40 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     jnp.asarray(f, dtype),
                     jnp.asarray(in_layout(dy, fmt), dtype),
                 )
+                ours = {}
+                for label, impl in IMPLEMENTATIONS.items():
+                    for op, fn, args in _named(
+                        jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl), xj, fj, dyj
+                    ):
+                        ours[op, label] = partial(fn, *args)
+                results = first_results(ours)
+                # The reference sees the rounded operands: only the computation's error remains.
+                with x64(True):
+                    wide = [jnp.asarray(a, jnp.float64) for a in (xj, fj, dyj)]
+                    want = {
+                        op: fn(*args)
+                        for op, fn, args in _named(references[fmt], *wide)
+                        if op != "backward"  # checked against the two gradient ops
+                    }
+                for (op, label), out in results.items():
+                    for checked, got, ref_op in _parts(op, out):
+                        err = relative_error_on_device(got, want[ref_op])
+                        print(
+                            f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
+                            flush=True,
+                        )
+                        yield (
+                            "correctness",
+                            dict(
+                                case=name,
+                                layout=fmt,
+                                dtype=dtype,
+                                impl=label,
+                                op=checked,
+                                error=err,
+                            ),
+                        )
+                del results, want, wide  # the device memory the timings may need
                 peer = lax_ops(fmt, c, m, stride)
                 moved = {
                     "forward": nbytes(xj, fj, dyj),
@@ -438,11 +568,7 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     "backward": nbytes(xj, fj, dyj, xj, fj),
                 }
                 for op in OPS:
-                    calls = {}
-                    for label, impl in IMPLEMENTATIONS.items():
-                        ours = jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl)
-                        ((_, fn, args),) = [t for t in _named(ours, xj, fj, dyj) if t[0] == op]
-                        calls[f"jaxgrad {label}"] = partial(fn, *args)
+                    calls = {f"jaxgrad {label}": ours[op, label] for label in IMPLEMENTATIONS}
                     lax_args = (xj, fj) if op == "forward" else (xj, fj, dyj)
                     calls["lax"] = partial(peer[op], *lax_args)
                     for memory, ops in theirs.items():
@@ -473,7 +599,7 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         + f"  default/best peer {row['default_over_best_peer']:.2f}",
                         flush=True,
                     )
-                    yield row
+                    yield "speed", row
 
 
 def resampling_in_xla(unet: Any) -> Any:
@@ -601,8 +727,10 @@ def torch_resample(torch: Any, x: Any, dy: Any, axes: tuple, out: tuple, scale: 
 def resample_correctness(
     rng: np.random.Generator, smoke: bool, only: Sequence[str] = ()
 ) -> list[dict]:
-    """Relative errors against float64 on the CPU, on small arrays of every case
-    (or of those ``only`` asks for)."""
+    """Relative errors of both implementations in the dtypes checked but not timed
+    (``untimed_dtypes``), against float64 on the CPU, on small arrays of every case
+    (or of those ``only`` asks for); the timed dtypes are checked on the timed
+    programs (``resample_speed``)."""
     cpu = jax.devices("cpu")[0]
     small = {"NCHW": (2, 8, 64, 64), "NHWC": (2, 64, 64, 8), "NCDHW": (1, 4, 16, 16, 16)}
     rows = []
@@ -613,20 +741,24 @@ def resample_correctness(
         dy = rng.normal(size=out).astype(np.float32)
         # One set of reference programs for every dtype: compiled once.
         reference = jaxgrad_resample(shape, scales, mode, "xla")
-        for dtype in CHECKED_DTYPES:
+        for dtype in untimed_dtypes():
             # The reference sees the rounded operands: only the computation's error remains.
             xr, dyr = (np.asarray(jnp.asarray(a, dtype), np.float64) for a in (x, dy))
             with jax.default_device(cpu), x64(True):
                 ref = {"forward": np.asarray(reference["forward"](xr))}
                 ref["backward"] = np.asarray(reference["backward"](dyr))
             args = {"forward": jnp.asarray(x, dtype), "backward": jnp.asarray(dy, dtype)}
-            for label in ("xla", "pallas"):  # the default is one of them
-                ops = jaxgrad_resample(shape, scales, mode, label)
-                for op in ("forward", "backward"):
-                    err = relative_error(partial(ops[op], args[op]), ref[op])
-                    case = f"{layout} {mode} {scale}x"
-                    rows.append(dict(case=case, dtype=dtype, impl=label, op=op, error=err))
-                    print(f"  {case:<20} {dtype:<9} {label:<7} {op:<9} {err:.2e}", flush=True)
+            calls = {
+                (label, op): partial(jaxgrad_resample(shape, scales, mode, label)[op], args[op])
+                for label in ("xla", "pallas")  # the default is one of them
+                for op in ("forward", "backward")
+            }
+            # Nothing here is timed: every program compiles side by side.
+            for (label, op), got in side_by_side(calls).items():
+                err = relative_error(got, ref[op])
+                case = f"{layout} {mode} {scale}x"
+                rows.append(dict(case=case, dtype=dtype, impl=label, op=op, error=err))
+                print(f"  {case:<20} {dtype:<9} {label:<7} {op:<9} {err:.2e}", flush=True)
     return rows
 
 
@@ -637,13 +769,40 @@ def resample_speed(
     torch: Any,
     smoke: bool,
     only: Sequence[str] = (),
-) -> Iterator[dict]:
-    """Each resample case's row of times, as it is measured."""
+) -> Iterator[tuple]:
+    """Each resample case's rows, as they are measured: ``("resample_correctness",
+    row)``, the relative error of each timed program against float64 on the
+    device, and ``("resample_speed", row)``, the times of one op. jaxgrad's
+    programs of a case and dtype compile first (``first_results``), then the
+    peers one at a time."""
     for layout, shape, axes, mode, scale in resample_cases(smoke, only):
         scales, out = resample_shapes(shape, axes, scale)
+        # The float64 references' programs, compiled once for every dtype.
+        reference = jaxgrad_resample(shape, scales, mode, "xla")
+        name = resample_case_name(layout, shape, mode, scale)
         for dtype in DTYPES:
             x = jnp.asarray(rng.normal(size=shape), dtype)
             dy = jnp.asarray(rng.normal(size=out), dtype)
+            args = {"forward": x, "backward": dy}
+            ours = {
+                (op, label): partial(jaxgrad_resample(shape, scales, mode, impl)[op], args[op])
+                for label, impl in IMPLEMENTATIONS.items()
+                for op in ("forward", "backward")
+            }
+            results = first_results(ours)
+            # The reference sees the rounded operands: only the computation's error remains.
+            with x64(True):
+                want = {op: reference[op](jnp.asarray(a, jnp.float64)) for op, a in args.items()}
+            for (op, label), got in results.items():
+                err = relative_error_on_device(got, want[op])
+                print(f"  {name:<36} {dtype:<9} {label:<8} {op:<9} {err:.2e}", flush=True)
+                yield (
+                    "resample_correctness",
+                    dict(
+                        case=f"{layout} {mode} {scale}x", dtype=dtype, impl=label, op=op, error=err
+                    ),
+                )
+            del results, want  # the device memory the timings may need
             theirs = {}
             if torch is not None:
                 tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
@@ -654,10 +813,7 @@ def resample_speed(
                 theirs = torch_resample(torch, tx, tdy, axes, out, scale, mode)
             peer = image_resize(shape, out, mode)
             for op in ("forward", "backward"):
-                calls = {}
-                for label, impl in IMPLEMENTATIONS.items():
-                    fn = jaxgrad_resample(shape, scales, mode, impl)[op]
-                    calls[f"jaxgrad {label}"] = partial(fn, x if op == "forward" else dy)
+                calls = {f"jaxgrad {label}": ours[op, label] for label in IMPLEMENTATIONS}
                 calls["jax.image"] = (
                     partial(peer["forward"], x) if op == "forward" else partial(peer[op], x, dy)
                 )
@@ -666,7 +822,7 @@ def resample_speed(
                 ms = rounds_ms(calls, rounds)
                 roof = 1e3 * nbytes(x, dy) / bandwidth
                 row = dict(
-                    case=resample_case_name(layout, shape, mode, scale),
+                    case=name,
                     dtype=dtype,
                     op=op,
                     roofline=roof,
@@ -681,7 +837,7 @@ def resample_speed(
                     + f"  default/roofline {row['default_over_roofline']:.2f}",
                     flush=True,
                 )
-                yield row
+                yield "resample_speed", row
 
 
 def _worst(rows: list[dict]) -> list[str]:
@@ -815,6 +971,7 @@ def narrow(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global TORCH_DEVICE, THREADS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -861,20 +1018,28 @@ def main() -> None:
         help="only these depthwise layouts (default: both; resample layouts are in its case names)",
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=THREADS,
+        help="how many of jaxgrad's programs compile at once (default: one per CPU core; "
+        "1 compiles one at a time)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="a few tiny cases on any backend (PyTorch, if installed, on the CPU): "
         "checks that the script runs",
     )
     args = parser.parse_args()
-    global TORCH_DEVICE
+    THREADS = args.threads
     torch = None
     if args.smoke:
         TORCH_DEVICE = "cpu"
         with contextlib.suppress(ImportError):
             import torch
         CASES[:] = [(name, (2, 9, 10, 4 * m), k, s) for name, _, k, s in CASES[-1:] for m in [k[2]]]
-        DTYPES[:] = CHECKED_DTYPES[:] = ["float32"]
+        DTYPES[:] = ["float32"]
+        CHECKED_DTYPES[:] = ["float32", "float16"]
         LAYOUTS[:] = ["NHWC"]
         args.rounds = 1
     elif jax.default_backend() != "gpu":
@@ -883,7 +1048,6 @@ def main() -> None:
         with contextlib.suppress(ImportError):
             import torch
     narrow(args)
-    rng = np.random.default_rng(0)
     results: dict[str, Any] = {"command": " ".join(["python", *sys.argv])}
 
     def record(key: str, value: Any) -> None:
@@ -893,17 +1057,18 @@ def main() -> None:
         if args.json:
             write_json(args.json, results)
 
-    def record_rows(key: str, rows: Iterator[dict]) -> None:
-        record(key, [])
-        for row in rows:
-            record(key, [*results[key], row])
+    def record_rows(rows: Iterator[tuple[str, dict]]) -> None:
+        """Appends each ``(key, row)`` to the rows kept under its key."""
+        for key, row in rows:
+            record(key, [*results.get(key, []), row])
 
     @contextlib.contextmanager
-    def section(title: str, key: str) -> Iterator[None]:
-        """Prints a section's title, then the seconds it took, which are recorded
-        too: they say how to cut a run to fit a time limit."""
+    def section(title: str, key: str, began: float | None = None) -> Iterator[None]:
+        """Prints a section's title, then the seconds it took (since ``began``, if
+        it began earlier), which are recorded too: they say how to cut a run to
+        fit a time limit."""
         print(title, flush=True)
-        start = time.perf_counter()
+        start = time.perf_counter() if began is None else began
         yield
         seconds = {**results.get("seconds", {}), key: round(time.perf_counter() - start, 1)}
         record("seconds", seconds)
@@ -911,27 +1076,33 @@ def main() -> None:
 
     record("machine", environment())
     print("machine:", json.dumps(results["machine"]))
+    checks = [family for family in ("depthwise", "resample") if family in args.sections]
+    processes, began = [], time.perf_counter()
     if "determinism" in args.sections and not (args.skip_determinism or args.smoke):
-        with section("reproducibility in 3 fresh processes:", "determinism"):
-            record("determinism", determinism())
+        print("reproducibility in 3 fresh processes: started; reported below", flush=True)
+        processes = start_determinism()
+    if checks and untimed_dtypes():
+        title = f"{', '.join(untimed_dtypes())} on small arrays (relative error against float64):"
+        with section(title, "untimed_dtypes"):
+            if "depthwise" in checks:
+                record("correctness", correctness(np.random.default_rng(0)))
+            if "resample" in checks:
+                rows = resample_correctness(np.random.default_rng(0), args.smoke, args.cases)
+                record("resample_correctness", rows)
+    if processes:
+        with section("reproducibility in 3 fresh processes:", "determinism", began):
+            record("determinism", finish_determinism(processes))
     bandwidth = copy_bandwidth(2**20 if args.smoke else 2**28)
     record("copy_bandwidth_GBps", bandwidth / 1e9)
     roofline = f"ms; copy roofline at {bandwidth / 1e9:.0f} GB/s"
-    if "depthwise" in args.sections:
-        with section("depthwise correctness (relative error against float64):", "correctness"):
-            record("correctness", correctness(rng))
-        with section(f"depthwise speed ({roofline}):", "speed"):
-            record_rows("speed", speed(rng, bandwidth, args.rounds, torch))
-    if "resample" in args.sections:
-        title = "resample correctness (relative error against float64):"
-        with section(title, "resample_correctness"):
-            rows = resample_correctness(rng, args.smoke, args.cases)
-            record("resample_correctness", rows)
-        with section(f"resample speed ({roofline}):", "resample_speed"):
-            record_rows(
-                "resample_speed",
-                resample_speed(rng, bandwidth, args.rounds, torch, args.smoke, args.cases),
-            )
+    timed = "relative error of the timed programs against float64, then"
+    if "depthwise" in args.sections and DTYPES:
+        with section(f"depthwise ({timed} speed in {roofline}):", "speed"):
+            record_rows(speed(np.random.default_rng(0), bandwidth, args.rounds, torch))
+    if "resample" in args.sections and DTYPES:
+        with section(f"resample ({timed} speed in {roofline}):", "resample_speed"):
+            rng = np.random.default_rng(0)
+            record_rows(resample_speed(rng, bandwidth, args.rounds, torch, args.smoke, args.cases))
     if "train" in args.sections:
         with section("U-Net training step:", "train_step"):
             record("train_step", train_step(args.rounds, *((2, 16) if args.smoke else ())))

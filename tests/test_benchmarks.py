@@ -10,6 +10,7 @@ import math
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import as_jax_defaults, needs_kernels, run_script
@@ -23,10 +24,20 @@ def test_gpu_benchmark_smoke(tmp_path):
     result = run_script("benchmarks/gpu.py", "--smoke", "--skip-determinism", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads(out.read_text())
-    for section in ("correctness", "resample_correctness"):
-        assert {row["impl"] for row in results[section]} == {"xla", "pallas"}, section
-        # float32 against float64: both implementations are accurate to rounding.
-        assert max(row["error"] for row in results[section]) < 1e-6, section
+    for section, timed in (("correctness", "speed"), ("resample_correctness", "resample_speed")):
+        rows = results[section]
+        # Every timed program's result is checked; float16, checked but not timed,
+        # in both implementations on small arrays.
+        checked = {(row["impl"], row["op"]) for row in rows if row["dtype"] == "float32"}
+        for row in results[timed]:
+            ops = [row["op"]] if row["op"] != "backward" or section != "correctness" else []
+            ops = ops or ["backward: input", "backward: filter"]
+            for label in ("default", "xla", "pallas"):
+                assert all((label, op) in checked for op in ops), (section, label, row["op"])
+        assert {row["impl"] for row in rows if row["dtype"] == "float16"} == {"xla", "pallas"}
+        # Against float64, both implementations are accurate to rounding.
+        for dtype, bound in (("float32", 1e-6), ("float16", 1e-3)):
+            assert max(row["error"] for row in rows if row["dtype"] == dtype) < bound, section
     has_torch = importlib.util.find_spec("torch") is not None
     for section in ("speed", "resample_speed"):
         row = results[section][0]
@@ -199,7 +210,28 @@ def gpu_to_narrow(monkeypatch):
         monkeypatch.setattr(gpu, name, list(getattr(gpu, name)))
     monkeypatch.setattr(gpu, "IMPLEMENTATIONS", dict(gpu.IMPLEMENTATIONS))
     monkeypatch.setattr(gpu, "TORCH_DEVICE", gpu.TORCH_DEVICE)
+    monkeypatch.setattr(gpu, "THREADS", gpu.THREADS)
     return gpu
+
+
+def test_gpu_benchmark_compiles_side_by_side_and_keeps_failures(monkeypatch):
+    """``side_by_side`` gives each call's result under its key, in the calls'
+    order, and a call that fails gives its exception: the others still run."""
+    gpu = gpu_to_narrow(monkeypatch)
+    monkeypatch.setattr(gpu, "THREADS", 3)
+
+    def fails():
+        raise ValueError("no kernel for this case")
+
+    x = jnp.arange(4.0)
+    calls = {("a", 1): functools.partial(jax.jit(jnp.sin), x), "fails": fails}
+    calls["b"] = functools.partial(jax.jit(lambda x: x * 2), x)
+    results = gpu.side_by_side(calls)
+    assert list(results) == [("a", 1), "fails", "b"]
+    np.testing.assert_array_equal(results["b"], x * 2)
+    np.testing.assert_allclose(results[("a", 1)], np.sin(np.arange(4.0)), rtol=1e-6)
+    assert gpu.failed(results["fails"]) and "no kernel" in gpu.failure(results["fails"])
+    assert not gpu.failed(results["b"])
 
 
 def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
@@ -209,7 +241,7 @@ def test_gpu_benchmark_keeps_what_it_measured_when_cut_short(tmp_path, monkeypat
     monkeypatch.setattr(gpu, "correctness", lambda rng: [{"impl": "xla", "error": 0.0}])
 
     def speed_then_failure(*args):
-        yield {"case": "first row"}
+        yield "speed", {"case": "first row"}
         raise RuntimeError("the GPU went away")
 
     monkeypatch.setattr(gpu, "speed", speed_then_failure)
@@ -287,7 +319,10 @@ def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch)
 
     for name in ("correctness", "speed", "resample_correctness", "resample_speed", "train_step"):
         monkeypatch.setattr(gpu, name, not_run)
-    monkeypatch.setattr(gpu, "determinism", lambda: {"processes": 3, "bit_patterns": {"relu": 1}})
+    monkeypatch.setattr(gpu, "start_determinism", lambda: ["a process"])
+    monkeypatch.setattr(
+        gpu, "finish_determinism", lambda started: {"processes": 3, "bit_patterns": {"relu": 1}}
+    )
     monkeypatch.setattr(gpu, "copy_bandwidth", lambda size: 1e12)
     monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")  # as on a GPU machine
     out = tmp_path / "out.json"
@@ -296,6 +331,72 @@ def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch)
     results = json.loads(out.read_text())
     assert results["determinism"] == {"processes": 3, "bit_patterns": {"relu": 1}}
     assert list(results["seconds"]) == ["determinism"]
+
+
+def test_gpu_benchmark_compiles_one_at_a_time_what_xla_tunes_by_timing(monkeypatch):
+    """On a GPU, jaxgrad's kernel programs compile side by side; a program XLA
+    may tune by timing it on the device (a peer's, the portable implementation's)
+    compiles alone, as does a call that is no JAX program. On the CPU nothing is
+    tuned by timing."""
+    gpu = gpu_to_narrow(monkeypatch)
+    texts = {
+        "kernels": f"stablehlo.custom_call @{gpu.KERNEL_CALL}",
+        "reduction": "stablehlo.reduce",
+        "torch": None,
+    }
+    calls = {name: functools.partial(str, name) for name in texts}
+    assert not any(gpu.tuned_by_timing(call) for call in calls.values())
+    monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(gpu, "_stablehlo", lambda call: texts[call()])
+    together = []
+    side_by_side = gpu.side_by_side
+    monkeypatch.setattr(gpu, "side_by_side", lambda c: together.extend(c) or side_by_side(c))
+    assert gpu.first_results(calls) == {name: name for name in texts}
+    assert together == ["kernels"]
+
+
+def test_gpu_benchmark_checks_float16_while_the_processes_run(tmp_path, monkeypatch):
+    """The fresh processes start first, the float16 checks (which time nothing) run
+    while they do, and the timed sections wait for them: nothing else runs on
+    the GPU while a time is taken. The check's seconds count from its start."""
+    gpu = gpu_to_narrow(monkeypatch)
+    events = []
+
+    def checks(*args):
+        events.append("float16 checks")
+        return []
+
+    def timed(*args):
+        events.append("timed")
+        yield from ()
+
+    monkeypatch.setattr(gpu, "start_determinism", lambda: events.append("start") or ["a process"])
+    monkeypatch.setattr(
+        gpu,
+        "finish_determinism",
+        lambda started: events.append("finish") or {"processes": 3, "bit_patterns": {}},
+    )
+    monkeypatch.setattr(gpu, "correctness", checks)
+    monkeypatch.setattr(gpu, "resample_correctness", checks)
+    monkeypatch.setattr(gpu, "speed", timed)
+    monkeypatch.setattr(gpu, "resample_speed", timed)
+    monkeypatch.setattr(gpu, "copy_bandwidth", lambda size: events.append("copy") or 1e12)
+    monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")  # as on a GPU machine
+    out = tmp_path / "out.json"
+    sections = ["determinism", "depthwise", "resample"]
+    monkeypatch.setattr("sys.argv", ["gpu.py", "--sections", *sections, "--json", str(out)])
+    gpu.main()
+    assert events == [
+        "start",
+        "float16 checks",
+        "float16 checks",
+        "finish",
+        "copy",
+        "timed",
+        "timed",
+    ]
+    seconds = json.loads(out.read_text())["seconds"]
+    assert seconds["determinism"] >= seconds["untimed_dtypes"]
 
 
 def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
@@ -328,7 +429,6 @@ def test_gpu_benchmark_times_the_others_when_one_call_fails(monkeypatch, capsys)
     with its error printed, and the other calls of its row are still timed."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu
-    import jax.numpy as jnp
 
     def failing():
         raise NotImplementedError("no kernel for this case\nmore detail")
@@ -346,7 +446,6 @@ def test_gpu_benchmark_times_one_program_once(monkeypatch, capsys):
     and share the time, said so; another program and a non-JAX call are timed."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu
-    import jax.numpy as jnp
 
     x = jnp.ones(8)
     calls = {
@@ -371,9 +470,16 @@ def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys)
     def failing():
         raise RuntimeError("the kernel did not compile\nmore detail")
 
-    assert gpu.relative_error(lambda: np.full(3, 1.5), np.ones(3)) == 0.5
-    error = gpu.relative_error(failing, np.ones(3))
+    [result] = gpu.side_by_side({"op": failing}).values()
+    assert gpu.relative_error(np.full(3, 1.5), np.ones(3)) == 0.5
+    error = gpu.relative_error(result, np.ones(3))
     assert math.isnan(error)
+    assert "failed: RuntimeError: the kernel did not compile" in capsys.readouterr().out
+    # The timed programs' results, checked where they are.
+    with gpu.x64(True):
+        want = jnp.ones(3, jnp.float64)
+    assert gpu.relative_error_on_device(jnp.full(3, 1.5, jnp.bfloat16), want) == 0.5
+    assert math.isnan(gpu.relative_error_on_device(result, want))
     assert "failed: RuntimeError: the kernel did not compile" in capsys.readouterr().out
     rows = [
         dict(dtype="float32", impl="pallas", op="forward", error=1e-7),
@@ -414,12 +520,12 @@ def test_gpu_benchmark_counts_bit_patterns_and_reports_a_failed_process(monkeypa
             return self.stdout, "Traceback\nValueError: boom"
 
     monkeypatch.setattr(gpu.subprocess, "Popen", FakeProcess)
-    assert gpu.determinism(processes=2) == {
+    assert gpu.finish_determinism(gpu.start_determinism(processes=2)) == {
         "processes": 2,
         "bit_patterns": {"relu": 1, "depthwise": 2},
     }
     assert events == ["start", "start", "wait", "wait"]
-    failed = gpu.determinism(processes=1)
+    failed = gpu.finish_determinism(gpu.start_determinism(processes=1))
     assert failed["failed"].endswith("ValueError: boom")
     machine = dict.fromkeys(("device", "driver", "jax", "jaxlib", "torch", "triton"), "?")
     table = gpu.render({"machine": machine, "copy_bandwidth_GBps": 1.0, "determinism": failed})
