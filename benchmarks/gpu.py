@@ -461,6 +461,22 @@ def _parts(op: str, out: Any) -> list[tuple[str, Any, str]]:
     ]
 
 
+def checked(
+    results: dict[tuple[str, str], Any],
+    want: dict[str, jax.Array],
+    parts: Callable[[str, Any], list[tuple[str, Any, str]]] = lambda op, out: [(op, out, op)],
+    **where: str,
+) -> Iterator[dict]:
+    """The correctness rows of a case's timed programs: the relative error of each
+    result (keyed by op and implementation, split into ``parts``) against its
+    float64 reference ``want``, on the device; printed as it is computed."""
+    for (op, label), out in results.items():
+        for name, got, reference_op in parts(op, out):
+            err = relative_error_on_device(got, want[reference_op])
+            print(f"  {' '.join(where.values())} {label:<8} {name:<16} {err:.2e}", flush=True)
+            yield dict(**where, impl=label, op=name, error=err)
+
+
 def start_determinism(processes: int = 3) -> list[subprocess.Popen]:
     """Starts tests/determinism_check.py --size large in ``processes`` fresh
     processes, under the default XLA flags (``finish_determinism`` compares them).
@@ -541,24 +557,8 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         for op, fn, args in _named(references[fmt], *wide)
                         if op != "backward"  # checked against the two gradient ops
                     }
-                for (op, label), out in results.items():
-                    for checked, got, ref_op in _parts(op, out):
-                        err = relative_error_on_device(got, want[ref_op])
-                        print(
-                            f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
-                            flush=True,
-                        )
-                        yield (
-                            "correctness",
-                            dict(
-                                case=name,
-                                layout=fmt,
-                                dtype=dtype,
-                                impl=label,
-                                op=checked,
-                                error=err,
-                            ),
-                        )
+                for row in checked(results, want, _parts, case=name, layout=fmt, dtype=dtype):
+                    yield "correctness", row
                 del results, want, wide  # the device memory the timings may need
                 peer = lax_ops(fmt, c, m, stride)
                 moved = {
@@ -793,15 +793,9 @@ def resample_speed(
             # The reference sees the rounded operands: only the computation's error remains.
             with x64(True):
                 want = {op: reference[op](jnp.asarray(a, jnp.float64)) for op, a in args.items()}
-            for (op, label), got in results.items():
-                err = relative_error_on_device(got, want[op])
-                print(f"  {name:<36} {dtype:<9} {label:<8} {op:<9} {err:.2e}", flush=True)
-                yield (
-                    "resample_correctness",
-                    dict(
-                        case=f"{layout} {mode} {scale}x", dtype=dtype, impl=label, op=op, error=err
-                    ),
-                )
+            case = f"{layout} {mode} {scale}x"
+            for row in checked(results, want, case=case, dtype=dtype):
+                yield "resample_correctness", row
             del results, want  # the device memory the timings may need
             theirs = {}
             if torch is not None:
