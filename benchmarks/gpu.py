@@ -346,14 +346,29 @@ def _relative_error_on_device(got: jax.Array, want: jax.Array) -> jax.Array:
     return jnp.linalg.norm(got.astype(want.dtype) - want) / jnp.linalg.norm(want)
 
 
-def relative_error_on_device(got: Any, want: jax.Array) -> float:
-    """``relative_error`` of a timed program's result against a float64 reference
-    on the device: the full-size arrays stay where they are."""
-    if failed(got):
-        print(f"    failed: {failure(got)}", flush=True)
-        return math.nan
+def relative_error_on_device(got: Any, want: Any) -> float:
+    """``relative_error`` of a timed program's result against its float64
+    reference, on the device where the result is; NaN where either is the
+    exception its call raised (printed)."""
+    for result in (got, want):
+        if failed(result):
+            print(f"    failed: {failure(result)}", flush=True)
+            return math.nan
     with x64(True):
         return float(_relative_error_on_device(got, want))
+
+
+def float64_result(reference: Callable[..., Any], *operands: Any) -> Any:
+    """The float64 reference of a timed result: ``reference`` (the portable
+    implementation, which the test suite checks against a loop that follows the
+    definition) on ``operands`` (the timed arrays, rounded to their dtype) in
+    float64 on the CPU, moved to the default device to meet the timed result
+    there; or the exception it raised."""
+    with x64(True):
+        wide = [np.asarray(a, np.float64) for a in operands]
+        with jax.default_device(jax.devices("cpu")[0]):
+            result = first_result(partial(reference, *wide))
+        return result if failed(result) else jax.device_put(result, jax.devices()[0])
 
 
 def environment() -> dict:
@@ -469,7 +484,7 @@ def checked(
 ) -> Iterator[dict]:
     """The correctness rows of a case's timed programs: the relative error of each
     result (keyed by op and implementation, split into ``parts``) against its
-    float64 reference ``want``, on the device; printed as it is computed."""
+    float64 reference ``want``; printed as it is computed."""
     for (op, label), out in results.items():
         for name, got, reference_op in parts(op, out):
             err = relative_error_on_device(got, want[reference_op])
@@ -517,9 +532,8 @@ def finish_determinism(started: list[subprocess.Popen]) -> dict:
 
 def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -> Iterator[tuple]:
     """Each depthwise case's rows, as they are measured: ``("correctness", row)``,
-    the relative error of each timed program's result against float64 (the
-    portable implementation in float64 on the same operands, on the device), and
-    ``("speed", row)``, the times of one op.
+    the relative error of each timed program's result against float64
+    (``float64_result``), and ``("speed", row)``, the times of one op.
 
     jaxgrad's programs of a case, layout and dtype compile first (its kernel
     programs side by side: ``first_results``), then each op's peers one at a
@@ -550,16 +564,14 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         ours[op, label] = partial(fn, *args)
                 results = first_results(ours)
                 # The reference sees the rounded operands: only the computation's error remains.
-                with x64(True):
-                    wide = [jnp.asarray(a, jnp.float64) for a in (xj, fj, dyj)]
-                    want = {
-                        op: fn(*args)
-                        for op, fn, args in _named(references[fmt], *wide)
-                        if op != "backward"  # checked against the two gradient ops
-                    }
+                want = {
+                    op: float64_result(fn, *args)
+                    for op, fn, args in _named(references[fmt], xj, fj, dyj)
+                    if op != "backward"  # checked against the two gradient ops
+                }
                 for row in checked(results, want, _parts, case=name, layout=fmt, dtype=dtype):
                     yield "correctness", row
-                del results, want, wide  # the device memory the timings may need
+                del results, want  # the device memory the timings may need
                 peer = lax_ops(fmt, c, m, stride)
                 moved = {
                     "forward": nbytes(xj, fj, dyj),
@@ -771,8 +783,8 @@ def resample_speed(
     only: Sequence[str] = (),
 ) -> Iterator[tuple]:
     """Each resample case's rows, as they are measured: ``("resample_correctness",
-    row)``, the relative error of each timed program against float64 on the
-    device, and ``("resample_speed", row)``, the times of one op. jaxgrad's
+    row)``, the relative error of each timed program against float64
+    (``float64_result``), and ``("resample_speed", row)``, the times of one op. jaxgrad's
     programs of a case and dtype compile first (``first_results``), then the
     peers one at a time."""
     for layout, shape, axes, mode, scale in resample_cases(smoke, only):
@@ -791,8 +803,7 @@ def resample_speed(
             }
             results = first_results(ours)
             # The reference sees the rounded operands: only the computation's error remains.
-            with x64(True):
-                want = {op: reference[op](jnp.asarray(a, jnp.float64)) for op, a in args.items()}
+            want = {op: float64_result(reference[op], operand) for op, operand in args.items()}
             case = f"{layout} {mode} {scale}x"
             for row in checked(results, want, case=case, dtype=dtype):
                 yield "resample_correctness", row

@@ -481,6 +481,14 @@ def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys)
     assert gpu.relative_error_on_device(jnp.full(3, 1.5, jnp.bfloat16), want) == 0.5
     assert math.isnan(gpu.relative_error_on_device(result, want))
     assert "failed: RuntimeError: the kernel did not compile" in capsys.readouterr().out
+    # The reference: float64 on the CPU, of the operands as rounded; or its failure.
+    third = jnp.full(3, 1 / 3, jnp.bfloat16)
+    reference = gpu.float64_result(lambda a: a * 3, third)
+    assert reference.dtype == np.float64
+    np.testing.assert_array_equal(reference, np.asarray(third, np.float64) * 3)
+    broken = gpu.float64_result(lambda a: failing(), third)
+    assert "did not compile" in gpu.failure(broken)
+    assert math.isnan(gpu.relative_error_on_device(third, broken))
     rows = [
         dict(dtype="float32", impl="pallas", op="forward", error=1e-7),
         dict(dtype="float32", impl="pallas", op="forward", error=error),
