@@ -988,8 +988,8 @@ def main() -> None:
     parser.add_argument(
         "--skip-xla-timing",
         action="store_true",
-        help='time the default and "pallas" alone: the "xla" programs, checked all the '
-        "same, are the slowest to compile",
+        help='time and check the default and "pallas" alone ("xla" in float16 still): the '
+        '"xla" programs are the slowest to compile',
     )
     parser.add_argument(
         "--sections",
