@@ -1086,14 +1086,21 @@ def main() -> None:
     if "determinism" in args.sections and not (args.skip_determinism or args.smoke):
         print("reproducibility in 3 fresh processes: started; reported below", flush=True)
         processes = start_determinism()
-    if checks and untimed_dtypes():
-        title = f"{', '.join(untimed_dtypes())} on small arrays (relative error against float64):"
-        with section(title, "untimed_dtypes"):
-            if "depthwise" in checks:
-                record("correctness", correctness(np.random.default_rng(0)))
-            if "resample" in checks:
-                rows = resample_correctness(np.random.default_rng(0), args.smoke, args.cases)
-                record("resample_correctness", rows)
+    try:
+        if checks and untimed_dtypes():
+            title = (
+                f"{', '.join(untimed_dtypes())} on small arrays (relative error against float64):"
+            )
+            with section(title, "untimed_dtypes"):
+                if "depthwise" in checks:
+                    record("correctness", correctness(np.random.default_rng(0)))
+                if "resample" in checks:
+                    rows = resample_correctness(np.random.default_rng(0), args.smoke, args.cases)
+                    record("resample_correctness", rows)
+    except BaseException:  # a run that ends here leaves no process behind on the GPU
+        for process in processes:
+            process.kill()
+        raise
     if processes:
         with section("reproducibility in 3 fresh processes:", "determinism", began):
             record("determinism", finish_determinism(processes))

@@ -401,6 +401,29 @@ def test_gpu_benchmark_checks_float16_while_the_processes_run(tmp_path, monkeypa
     assert seconds["determinism"] >= seconds["untimed_dtypes"] > 0
 
 
+def test_gpu_benchmark_leaves_no_process_behind_when_a_check_fails(tmp_path, monkeypatch):
+    """A run that ends in the float16 checks kills the fresh processes it started
+    beside them: none is left on the GPU."""
+    gpu = gpu_to_narrow(monkeypatch)
+    killed = []
+
+    class Process:
+        def kill(self):
+            killed.append(self)
+
+    def checks(*args):
+        raise RuntimeError("the GPU went away")
+
+    monkeypatch.setattr(gpu, "start_determinism", lambda: [Process(), Process()])
+    monkeypatch.setattr(gpu, "correctness", checks)
+    monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")  # as on a GPU machine
+    sections = ["determinism", "depthwise"]
+    monkeypatch.setattr("sys.argv", ["gpu.py", "--sections", *sections])
+    with pytest.raises(RuntimeError, match="went away"):
+        gpu.main()
+    assert len(killed) == 2
+
+
 def test_tune_keeps_the_rows_it_searched_when_cut_short(tmp_path, monkeypatch):
     """``benchmarks/tune.py --json`` writes each op's search as it ends."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
