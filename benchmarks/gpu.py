@@ -435,15 +435,15 @@ def correctness(rng: np.random.Generator) -> list[dict]:
                         calls[fmt, label, op] = partial(fn, *args)
             # Nothing here is timed: every program compiles side by side.
             for (fmt, label, op), out in side_by_side(calls).items():
-                for checked, got, ref_op in _parts(op, out):
+                for part, got, ref_op in _parts(op, out):
                     if fmt == "NCHW" and ref_op != "backprop_filter" and not failed(got):
                         got = np.transpose(np.asarray(got), (0, 2, 3, 1))
                     err = relative_error(got, ref[ref_op])
                     rows.append(
-                        dict(case=name, layout=fmt, dtype=dtype, impl=label, op=checked, error=err)
+                        dict(case=name, layout=fmt, dtype=dtype, impl=label, op=part, error=err)
                     )
                     print(
-                        f"  {name:<28} {fmt} {dtype:<9} {label:<8} {checked:<16} {err:.2e}",
+                        f"  {name:<28} {fmt} {dtype:<9} {label:<8} {part:<16} {err:.2e}",
                         flush=True,
                     )
     return rows
