@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import as_jax_defaults, needs_kernels, run_script
+from helpers import as_jax_defaults, lowered_text, needs_kernels, run_script
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
@@ -335,14 +335,20 @@ def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch)
 
 
 def test_gpu_benchmark_compiles_one_at_a_time_what_xla_tunes_by_timing(monkeypatch):
-    """On a GPU, jaxgrad's kernel programs compile side by side; a program XLA
-    may tune by timing it on the device (a peer's, the portable implementation's)
-    compiles alone, as does a call that is no JAX program. On the CPU nothing is
-    tuned by timing."""
+    """On a GPU, programs that XLA compiles as written (jaxgrad's, kernels or not)
+    compile side by side; a program XLA may tune by timing it on the device (one
+    with a convolution, a matrix product, a reduction or a library's custom
+    call) compiles alone, as does a call that is no JAX program. On the CPU
+    nothing is tuned by timing."""
     gpu = gpu_to_narrow(monkeypatch)
     texts = {
-        "kernels": f"stablehlo.custom_call @{gpu.KERNEL_CALL}",
-        "reduction": "stablehlo.reduce",
+        "kernels": f"stablehlo.custom_call @{gpu.KERNEL_CALL}(%0)",
+        "elementwise": "stablehlo.add %0, %1 stablehlo.reduce_precision %2",
+        "reduction": "stablehlo.reduce(%0 init: %1)",
+        "windowed reduction": "stablehlo.reduce_window",
+        "convolution": "stablehlo.convolution(%0, %1)",
+        "matrix product": "stablehlo.dot_general %0, %1",
+        "library": f"stablehlo.custom_call @{gpu.KERNEL_CALL}(%0) stablehlo.custom_call @cublas",
         "torch": None,
     }
     calls = {name: functools.partial(str, name) for name in texts}
@@ -353,7 +359,43 @@ def test_gpu_benchmark_compiles_one_at_a_time_what_xla_tunes_by_timing(monkeypat
     side_by_side = gpu.side_by_side
     monkeypatch.setattr(gpu, "side_by_side", lambda c: together.extend(c) or side_by_side(c))
     assert gpu.first_results(calls) == {name: name for name in texts}
-    assert together == ["kernels"]
+    assert together == ["kernels", "elementwise"]
+
+
+def test_gpu_benchmark_compiles_the_portable_programs_side_by_side_on_a_gpu(monkeypatch):
+    """The portable implementation's programs, lowered for a CUDA GPU as gpu.py
+    builds them, hold nothing XLA tunes by timing (their sums are elementwise adds
+    there), in every depthwise op, layout, stride and multiplier and every
+    resample mode and scale; the peers' programs with convolutions (lax's, on
+    cuDNN) or matrix products (jax.image's linear VJP) do. (The kernel programs' text is the patched
+    one above: lowering the kernels for CUDA here takes most of a minute.)"""
+    gpu = gpu_to_narrow(monkeypatch)
+    monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(
+        gpu, "_stablehlo", lambda call: lowered_text(call.func, *call.args, platform="cuda")
+    )
+    x = jnp.ones((2, 12, 10, 4), jnp.bfloat16)
+    ours, peers = [], []
+    for fmt, (fh, fw, m), stride in (("NHWC", (3, 3, 1), 1), ("NCHW", (5, 5, 2), 2)):
+        xj, f = jnp.asarray(gpu.in_layout(x, fmt)), jnp.ones((fh, fw, 4, m), x.dtype)
+        ops = gpu.jaxgrad_ops(fmt, xj.shape, f.shape, stride, "xla")
+        dy = jnp.ones(jax.eval_shape(ops["forward"], xj, f).shape, x.dtype)
+        ours += [functools.partial(fn, *args) for _, fn, args in gpu._named(ops, xj, f, dy)]
+        peer = gpu.lax_ops(fmt, 4, m, stride)
+        peers.append(functools.partial(peer["forward"], xj, f))
+        peers += [functools.partial(peer[op], xj, f, dy) for op in gpu.OPS if op != "forward"]
+    for mode in ("nearest", "linear"):
+        for scale in gpu.RESAMPLE_SCALES:
+            scales, out = gpu.resample_shapes(x.shape, (1, 2), scale)
+            dy = jnp.ones(out, x.dtype)
+            ops = gpu.jaxgrad_resample(x.shape, scales, mode, "xla")
+            ours += [functools.partial(ops["forward"], x), functools.partial(ops["backward"], dy)]
+            if mode == "linear":  # matrix products (nearest: a scatter, compiled as written)
+                peers.append(
+                    functools.partial(gpu.image_resize(x.shape, out, mode)["backward"], x, dy)
+                )
+    assert not [call.func for call in ours if gpu.tuned_by_timing(call)]
+    assert all(gpu.tuned_by_timing(call) for call in peers)
 
 
 def test_gpu_benchmark_checks_float16_while_the_processes_run(tmp_path, monkeypatch):
