@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.mlir import ir, passmanager
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -171,37 +172,56 @@ def tuned_by_timing(call: Callable[[], Any]) -> bool:
 
 
 def first_results(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Any]:
-    """Each call's ``first_result``: the programs XLA compiles as written side by
-    side, then those it tunes by timing, one at a time."""
-    alone = {key: call for key, call in calls.items() if tuned_by_timing(call)}
-    results = side_by_side({key: call for key, call in calls.items() if key not in alone})
+    """Each call's ``first_result``. A call of the same program as an earlier call
+    (``same_programs``) is not made: it gets that call's result. The programs XLA
+    compiles as written compile side by side, then those it tunes by timing, one
+    at a time."""
+    twins = same_programs(calls)
+    made = {key: call for key, call in calls.items() if key not in twins}
+    alone = {key: call for key, call in made.items() if tuned_by_timing(call)}
+    results = side_by_side({key: call for key, call in made.items() if key not in alone})
     results |= {key: first_result(call) for key, call in alone.items()}
-    return {key: results[key] for key in calls}
+    return {key: results[twins.get(key, key)] for key in calls}
+
+
+# Two programs that differ only in what XLA discards unread (on a GPU, the default
+# carries the constants of the portable branch that the platform's choice leaves
+# out) are one program once MLIR canonicalizes them and drops unused functions.
+CANONICAL = "builtin.module(canonicalize,symbol-dce)"
 
 
 def _stablehlo(call: Callable[[], Any]) -> str | None:
-    """The StableHLO of a jitted function bound to its arguments by ``partial``,
-    None for any other call (PyTorch's, a compiled program). Its trace and
-    lowering are cached, and its first call reuses them."""
+    """The canonical StableHLO (``canonical``) of a jitted function bound to its
+    arguments by ``partial``, None for any other call (PyTorch's, a compiled
+    program). Its trace and lowering are cached, and its first call reuses them."""
     fn = getattr(call, "func", None)
     if not isinstance(call, partial) or not hasattr(fn, "lower"):
         return None
     try:
-        return str(fn.lower(*call.args, **call.keywords).as_text())
+        return canonical(fn.lower(*call.args, **call.keywords).compiler_ir("stablehlo"))
     except Exception:  # the call fails: rounds_ms reports it where it calls it
         return None
 
 
-def same_programs(calls: dict[str, Callable[[], Any]]) -> dict[str, str]:
-    """Each call whose program is the same StableHLO as an earlier call's, with the
-    earlier call's name: a variant that changes nothing on this platform, say (on
-    the CPU, the default and "xla")."""
-    first: dict[str, str] = {}
+def canonical(module: ir.Module) -> str:
+    """A lowered program's StableHLO, canonicalized (``CANONICAL``), as text."""
+    with module.context:  # a copy: the lowered module is the one its call compiles
+        copy = ir.Module.parse(str(module))
+        passmanager.PassManager.parse(CANONICAL).run(copy.operation)
+    return str(copy)
+
+
+def same_programs(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Hashable]:
+    """Each call whose program is the same as an earlier call's (``_stablehlo``),
+    with the earlier call's key: a variant that changes nothing on this platform,
+    say (on the CPU, the default and "xla"; on a GPU, the default and the kernels
+    where it picks them)."""
+    first: dict[str, Hashable] = {}
     twins = {}
-    for name, call in calls.items():
+    for key, call in calls.items():
         text = _stablehlo(call)
-        if text is not None and first.setdefault(text, name) != name:
-            twins[name] = first[text]
+        if text is not None and first.setdefault(text, key) != key:
+            twins[key] = first[text]
     return twins
 
 

@@ -14,7 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import as_jax_defaults, lowered_text, needs_kernels, run_script
+from helpers import (
+    H100_CAPABILITY,
+    TRITON_CALL,
+    as_jax_defaults,
+    gpu_stand_in,
+    lowered_text,
+    needs_kernels,
+    run_script,
+)
+
+from jaxgrad import _implementation
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
@@ -526,6 +536,46 @@ def test_gpu_benchmark_times_one_program_once(monkeypatch, capsys):
     assert list(ms) == list(calls) and ms["twice"] == ms["double"]
     assert all(v > 0 for v in ms.values())
     assert "twice: the program of double, timed once" in capsys.readouterr().out
+
+
+def test_gpu_benchmark_makes_one_first_call_a_program(monkeypatch):
+    """``first_results`` compiles each program once: a call of the same program as
+    an earlier call is not made, and gets that call's result."""
+    gpu = gpu_to_narrow(monkeypatch)
+    x = jnp.ones(8)
+    calls = {
+        "double": functools.partial(jax.jit(lambda a: a * 2), x),
+        "other": functools.partial(jax.jit(lambda a: a + 1), x),
+        "twice": functools.partial(jax.jit(lambda a: a * 2), x),
+    }
+    made = []
+    first_result = gpu.first_result
+    monkeypatch.setattr(gpu, "first_result", lambda call: made.append(call) or first_result(call))
+    results = gpu.first_results(calls)
+    assert list(results) == list(calls) and results["twice"] is results["double"]
+    assert sorted(made, key=id) == sorted([calls["double"], calls["other"]], key=id)
+    np.testing.assert_array_equal(results["other"], x + 1)
+
+
+@needs_kernels
+def test_gpu_benchmark_sees_the_default_as_the_program_it_picks_on_a_gpu(monkeypatch, patch):
+    """Lowered for a CUDA GPU, the default's program carries constants of the
+    portable branch it leaves out, which XLA discards: canonicalized, it is the
+    kernels' program where it picks them (a depthwise op) and the portable one
+    where it does not (float64), so gpu.py compiles and times it once."""
+    gpu = gpu_to_narrow(monkeypatch)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
+
+    def program(impl, dtype=jnp.bfloat16):
+        x, f = jnp.ones((2, 12, 10, 8), dtype), jnp.ones((3, 3, 8, 1), dtype)
+        forward = gpu.jaxgrad_ops("NHWC", x.shape, f.shape, 1, impl)["forward"]
+        with gpu_stand_in():
+            lowered = forward.trace(x, f).lower(lowering_platforms=("cuda",))
+        return gpu.canonical(lowered.compiler_ir("stablehlo"))
+
+    assert TRITON_CALL in program(None)
+    assert program(None) == program("pallas") != program("xla")
+    assert program(None, jnp.float64) == program("xla", jnp.float64)
 
 
 def test_gpu_benchmark_reports_a_check_that_fails_as_failed(monkeypatch, capsys):
