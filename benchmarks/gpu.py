@@ -37,10 +37,10 @@ printed. It prints (and writes as JSON):
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
 are timed in interleaved rounds, and their ratios are what to read. Calls that
-lower to the same program are compiled and timed once and show the same time. On
-a GPU the default's program is not the one of the implementation it picks (it
-holds each platform's branch until XLA compiles it for this one), so their two
-times differ by the run's noise alone: up to 33% in the runs so far.
+lower to the same program are compiled, checked and timed once and show the same
+time: on a GPU, the default and the implementation it picks (their programs are
+compared canonicalized, without the constants of the branch the default leaves
+out there, which XLA discards).
 """
 
 from __future__ import annotations
