@@ -377,8 +377,8 @@ def test_gpu_benchmark_compiles_the_portable_programs_side_by_side_on_a_gpu(monk
     builds them, hold nothing XLA tunes by timing (their sums are elementwise adds
     there), in every depthwise op, layout, stride and multiplier and every
     resample mode and scale; the peers' programs with convolutions (lax's, on
-    cuDNN) or matrix products (jax.image's linear VJP) do. (The kernel programs' text is the patched
-    one above: lowering the kernels for CUDA here takes most of a minute.)"""
+    cuDNN) or matrix products (jax.image's linear VJP) do. (The kernel programs
+    are the patched text above: lowering them all for CUDA is slow here.)"""
     gpu = gpu_to_narrow(monkeypatch)
     monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(

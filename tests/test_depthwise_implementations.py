@@ -142,7 +142,8 @@ def test_kernels_accumulate_in_float32(case, data_format, dtype):
     kernels = run_ops(three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy)
     if dtype == jnp.float32:
         for name in want:
-            assert relative_error(kernels[name], want[name]) < 1e-6, name
+            error = relative_error(kernels[name], want[name])
+            assert error < 1e-6, (name, error)
         return
     portable = run_ops(three_ops(cfg, data_format, implementation="xla"), data_format, x, f, dy)
     for name in want:
