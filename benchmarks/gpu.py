@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -190,17 +191,27 @@ def first_results(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, An
 CANONICAL = "builtin.module(canonicalize,symbol-dce)"
 
 
+# Each call's canonical StableHLO, for as long as the call lives: ``first_results``
+# and ``rounds_ms`` both ask for it, and canonicalizing a large portable program
+# takes a tenth of a second or more.
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _stablehlo(call: Callable[[], Any]) -> str | None:
     """The canonical StableHLO (``canonical``) of a jitted function bound to its
     arguments by ``partial``, None for any other call (PyTorch's, a compiled
-    program). Its trace and lowering are cached, and its first call reuses them."""
+    program) and for one that fails to lower (``rounds_ms`` reports it where it
+    calls it). Its trace and lowering are cached, and its first call reuses them."""
     fn = getattr(call, "func", None)
     if not isinstance(call, partial) or not hasattr(fn, "lower"):
         return None
-    try:
-        return canonical(fn.lower(*call.args, **call.keywords).compiler_ir("stablehlo"))
-    except Exception:  # the call fails: rounds_ms reports it where it calls it
-        return None
+    if call not in _PROGRAMS:
+        try:
+            module = fn.lower(*call.args, **call.keywords).compiler_ir("stablehlo")
+            _PROGRAMS[call] = canonical(module)
+        except Exception:
+            _PROGRAMS[call] = None
+    return _PROGRAMS[call]
 
 
 def canonical(module: ir.Module) -> str:

@@ -557,6 +557,20 @@ def test_gpu_benchmark_makes_one_first_call_a_program(monkeypatch):
     np.testing.assert_array_equal(results["other"], x + 1)
 
 
+def test_gpu_benchmark_canonicalizes_a_program_once(monkeypatch):
+    """Each call's program is lowered and canonicalized once, however often
+    ``first_results`` and ``rounds_ms`` ask for it."""
+    gpu = gpu_to_narrow(monkeypatch)
+    canonicalized = []
+    canonical = gpu.canonical
+    monkeypatch.setattr(gpu, "canonical", lambda m: canonicalized.append(m) or canonical(m))
+    call = functools.partial(jax.jit(lambda a: a * 3), jnp.ones(8))
+    assert gpu._stablehlo(call) == gpu._stablehlo(call) is not None
+    assert len(canonicalized) == 1
+    assert gpu._stablehlo(functools.partial(jax.jit(lambda a: a * 3), jnp.ones(8))) is not None
+    assert len(canonicalized) == 2  # another call
+
+
 @needs_kernels
 def test_gpu_benchmark_sees_the_default_as_the_program_it_picks_on_a_gpu(monkeypatch, patch):
     """Lowered for a CUDA GPU, the default's program carries constants of the
