@@ -19,7 +19,6 @@ from helpers import (
     TRITON_CALL,
     as_jax_defaults,
     gpu_stand_in,
-    lowered_text,
     needs_kernels,
     run_script,
 )
@@ -381,9 +380,12 @@ def test_gpu_benchmark_compiles_the_portable_programs_side_by_side_on_a_gpu(monk
     are the patched text above: lowering them all for CUDA is slow here.)"""
     gpu = gpu_to_narrow(monkeypatch)
     monkeypatch.setattr(gpu.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(
-        gpu, "_stablehlo", lambda call: lowered_text(call.func, *call.args, platform="cuda")
-    )
+
+    def for_cuda(call):  # as gpu.py reads a program on a GPU: canonicalized
+        lowered = call.func.trace(*call.args).lower(lowering_platforms=("cuda",))
+        return gpu.canonical(lowered.compiler_ir("stablehlo"))
+
+    monkeypatch.setattr(gpu, "_stablehlo", for_cuda)
     x = jnp.ones((2, 12, 10, 4), jnp.bfloat16)
     ours, peers = [], []
     for fmt, (fh, fw, m), stride in (("NHWC", (3, 3, 1), 1), ("NCHW", (5, 5, 2), 2)):
