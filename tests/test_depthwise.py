@@ -68,6 +68,25 @@ def test_large_filters_match_reference(cfg, data_format, seed):
     assert_matches_reference(cfg, x, f, dy, run_all_three(cfg, data_format, x, f, dy))
 
 
+# The stride-1 gradients of filters of 21 to 25 taps read padded copies on the CPU
+# too (their forward and strided gradients read blocks): SAME with a multiplier,
+# dilated VALID, and EXPLICIT, in both layouts.
+@pytest.mark.parametrize(
+    ("f_shape", "dilations", "padding", "explicit", "data_format"),
+    [
+        ((5, 5), (1, 1), "SAME", ((0, 0), (0, 0)), "NHWC"),
+        ((7, 3), (2, 1), "VALID", ((0, 0), (0, 0)), "NCHW"),
+        ((5, 5), (1, 2), "EXPLICIT", ((3, 1), (0, 2)), "NCHW"),
+    ],
+)
+def test_stride_1_gradients_of_21_to_25_taps_match_reference(
+    f_shape, dilations, padding, explicit, data_format
+):
+    cfg = make_cfg((2, 17, 13, 3), (*f_shape, 3, 2), (1, 1), dilations, padding, explicit)
+    x, f, dy = random_operands(cfg, 5)
+    assert_matches_reference(cfg, x, f, dy, run_all_three(cfg, data_format, x, f, dy))
+
+
 # Thin filters: each step of the filter gradient's loop takes several kernel rows,
 # and the rows left over are summed after the loop.
 @pytest.mark.parametrize("f_shape", [(27, 1), (13, 2), (1, 27), (3, 9)])

@@ -827,6 +827,37 @@ def test_portable_windows_are_gathered_for_a_gpu_only():
             assert bool(re.search(r"stablehlo.pad\b", text)) == (platform == "cpu"), platform
 
 
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+def test_a_5x5_filter_reads_padded_copies_in_the_cpus_stride_1_gradients_only(strides):
+    # On the CPU a 5x5 filter's stride-1 gradients read an isolated padded copy (a
+    # barrier keeps it; the filter gradient loops over kernel rows); its forward
+    # and its strided gradients read blocks, and a GPU's programs always do.
+    x, f = jnp.ones((2, 12, 12, 3), jnp.float32), jnp.ones((5, 5, 3, 1), jnp.float32)
+    kw = dict(strides=strides, padding="SAME", implementation="xla")
+    y = jaxgrad.depthwise_conv2d(x, f, **kw)
+    ops = {
+        "forward": (lambda x, f: jaxgrad.depthwise_conv2d(x, f, **kw), (x, f)),
+        "backprop_input": (
+            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, dy, **kw),
+            (f, y),
+        ),
+        "backprop_filter": (
+            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, dy, **kw),
+            (x, y),
+        ),
+    }
+    marks = {  # what an isolated copy leaves in each op's program
+        "forward": "stablehlo.optimization_barrier",
+        "backprop_input": "stablehlo.optimization_barrier",
+        "backprop_filter": "stablehlo.while",
+    }
+    for name, (fn, args) in ops.items():
+        for platform in ("cuda", "cpu"):
+            padded = platform == "cpu" and strides == (1, 1) and name != "forward"
+            text = lowered_text(fn, *args, platform=platform)
+            assert (marks[name] in text) == padded, (name, platform)
+
+
 @pytest.mark.parametrize("kernel", [3, 7])  # blocked taps; the loop over kernel rows
 def test_portable_filter_gradient_leaves_no_reduction_to_a_gpu(kernel):
     # XLA:GPU autotunes a reduction's tiling per process, and with it the order of the

@@ -13,6 +13,7 @@ On TPUs the same sums are XLA's grouped convolution (``_convolution``).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import operator
 from collections.abc import Callable, Iterable, Sequence
@@ -89,6 +90,14 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
 #
 # Large filters read padded copies (see `_few_taps`), isolated: every window comes
 # from the copy, and each op's output is two blocks of rows (`_Reader.runs`).
+class _Read(enum.Enum):
+    """How an op reads its windows (the three ways above)."""
+
+    GATHER = enum.auto()
+    SLICE = enum.auto()  # from a padded copy
+    ISOLATE = enum.auto()  # from an isolated padded copy, for a large filter
+
+
 @dataclasses.dataclass(frozen=True)
 class _Reader:
     """``reader(rows, cols)``: an array at those spatial positions, zero outside it."""
@@ -145,17 +154,15 @@ def _reader(
     conv: Conv,
     pads: Sequence[tuple[int, int]],
     dtype: Any,
-    *,
-    gather: bool,
-    isolate: bool = False,
+    reading: _Read,
 ) -> _Reader:
     """A reader of windows of ``v5`` as ``dtype``, gathered or sliced from a padded copy.
 
     ``pads`` bounds how far outside (before, after) any window reaches, per axis.
-    ``isolate`` (padded only) reads every window from the copy.
     """
     axes = _spatial_axes(conv)
     pads = tuple(pads)
+    gather, isolate = reading is _Read.GATHER, reading is _Read.ISOLATE
     if gather and v5.dtype in (jnp.bfloat16, jnp.float16) and dtype == jnp.float32:
         # Half types are read in place and each window widened, instead of a
         # float32 copy of the whole input written first. bfloat16 is read as its
@@ -262,10 +269,31 @@ def _taps(conv: Conv) -> list[tuple[int, int]]:
 # rows), whose programs hold one or two terms per tap and ran as fast or faster;
 # the blocked reads stay faster for small filters (see the design notes).
 _MAX_BLOCKED_TAPS = 25
+# On the CPU the gradients of a stride-1 convolution leave the blocked reads
+# sooner: a 5x5 filter's gradients compile in half the time padded and run as
+# fast or faster, while its forward, and strided gradients (whose loop reads
+# strided windows), run faster blocked. GPUs keep the limit above for every op:
+# XLA:GPU writes the padded copy out.
+_MAX_BLOCKED_GRADIENT_TAPS = 20
 
 
-def _few_taps(conv: Conv) -> bool:
-    return conv.kernel[0] * conv.kernel[1] <= _MAX_BLOCKED_TAPS
+def _few_taps(conv: Conv, most: int = _MAX_BLOCKED_TAPS) -> bool:
+    return conv.kernel[0] * conv.kernel[1] <= most
+
+
+def _few_gradient_taps(conv: Conv) -> bool:
+    """Whether the gradients read blocks on the CPU (``_few_taps`` on GPUs)."""
+    if conv.strides != (1, 1):
+        return _few_taps(conv)
+    return _few_taps(conv, _MAX_BLOCKED_GRADIENT_TAPS)
+
+
+def _read_mode(*, few: bool, sliced: bool) -> _Read:
+    """``ISOLATE`` for a filter of more taps than blocks hold, else ``SLICE`` or
+    ``GATHER``."""
+    if not few:
+        return _Read.ISOLATE
+    return _Read.SLICE if sliced else _Read.GATHER
 
 
 def _on_gpus(args: tuple[jax.Array, ...], gpus: Callable[..., T], default: Callable[..., T]) -> T:
@@ -305,21 +333,21 @@ def _read_per_platform(
     args: tuple[jax.Array, ...],
     conv: Conv,
     *,
-    gpus: bool,
-    elsewhere: bool,
+    gpus: _Read,
+    elsewhere: _Read,
 ) -> jax.Array:
-    """``op(*args, conv=conv, gather=...)``, its windows gathered or sliced from a
-    padded copy as each platform reads them faster. XLA:CPU reads some windows
+    """``op(*args, conv=conv, reading=...)``, its windows read as each platform reads
+    them faster. XLA:CPU reads some windows
     faster from a padded copy (the NCHW half-precision ones, and the strided
     input gradient's); XLA:GPU writes such a copy out, moving 1.8-4.3x the op's
     bytes where gathered windows move 1.00x
     (``benchmarks/xla_gpu_report.py --sections depthwise``)."""
     if gpus == elsewhere:
-        return op(*args, conv=conv, gather=gpus)
+        return op(*args, conv=conv, reading=gpus)
     return _on_gpus(
         args,
-        gpus=functools.partial(op, conv=conv, gather=gpus),
-        default=functools.partial(op, conv=conv, gather=elsewhere),
+        gpus=functools.partial(op, conv=conv, reading=gpus),
+        default=functools.partial(op, conv=conv, reading=elsewhere),
     )
 
 
@@ -357,14 +385,17 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
 def _portable_forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
     few = _few_taps(conv)
     return _read_per_platform(
-        _forward, (x, f), conv, gpus=few, elsewhere=few and not _half_nchw(conv, x)
+        _forward,
+        (x, f),
+        conv,
+        gpus=_read_mode(few=few, sliced=False),
+        elsewhere=_read_mode(few=few, sliced=_half_nchw(conv, x)),
     )
 
 
-def _forward(x: jax.Array, f: jax.Array, conv: Conv, *, gather: bool) -> jax.Array:
+def _forward(x: jax.Array, f: jax.Array, conv: Conv, *, reading: _Read) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
-    few = _few_taps(conv)
-    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=gather, isolate=not few)
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, reading)
     f = f.astype(dtype)
 
     def block(rows: range, cols: range) -> jax.Array:
@@ -424,12 +455,17 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 
 
 def _portable_input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
-    few = _few_taps(conv)
-    elsewhere = few and not _half_nchw(conv, dy) and conv.strides == (1, 1)
-    return _read_per_platform(_input_gradient, (f, dy), conv, gpus=few, elsewhere=elsewhere)
+    sliced = _half_nchw(conv, dy) or conv.strides != (1, 1)
+    return _read_per_platform(
+        _input_gradient,
+        (f, dy),
+        conv,
+        gpus=_read_mode(few=_few_taps(conv), sliced=False),
+        elsewhere=_read_mode(few=_few_gradient_taps(conv), sliced=sliced),
+    )
 
 
-def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, gather: bool) -> jax.Array:
+def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, reading: _Read) -> jax.Array:
     # Polyphase: the input pixels of one residue class per axis receive a fixed set
     # of taps at shifts that do not depend on the pixel, so each class is a stride-1
     # shifted sum over the gradient, and the classes interleave back into place.
@@ -455,8 +491,7 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, gather: bool) ->
         )
     ]
     (rows, h_phases, h_pads), (cols, w_phases, w_pads) = plans
-    few = _few_taps(conv)
-    read = _reader(dy5, conv, (h_pads, w_pads), dtype, gather=gather, isolate=not few)
+    read = _reader(dy5, conv, (h_pads, w_pads), dtype, reading)
 
     def phase(h_taps: list[tuple[int, int]], w_taps: list[tuple[int, int]]) -> jax.Array:
         if not h_taps or not w_taps:  # no tap reaches this residue class
@@ -598,10 +633,26 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 
 def _portable_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     x, dy = _from_memory_on_gpus(x, dy)
-    if not _few_taps(conv):
+
+    def by_taps(x: jax.Array, dy: jax.Array, *, few: bool) -> jax.Array:
+        if few:
+            return _blocked_filter_gradient(x, dy, conv)
         return _filter_gradient_by_kernel_rows(x, dy, conv)
+
+    on_gpus, elsewhere = _few_taps(conv), _few_gradient_taps(conv)
+    if on_gpus == elsewhere:
+        return by_taps(x, dy, few=on_gpus)
+    return _on_gpus(
+        (x, dy),
+        gpus=functools.partial(by_taps, few=on_gpus),
+        default=functools.partial(by_taps, few=elsewhere),
+    )
+
+
+def _blocked_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    """The filter gradient summed tap by tap over blocks of gathered windows."""
     dtype = _checks.compute_dtype(x.dtype)
-    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=True)
+    read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, _Read.GATHER)
     dy5 = _gradient_operand(dy, conv, dtype)
     row_axis, col_axis = _spatial_axes(conv)
     out_rows = conv.out_size[0]
@@ -669,7 +720,7 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
     and each step's stage-1 array is reused by the next.
     """
     dtype = _checks.compute_dtype(x.dtype)
-    padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, gather=False, isolate=True).array
+    padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, _Read.ISOLATE).array
     dy5 = _gradient_operand(dy, conv, dtype)
     row_axis, col_axis = _spatial_axes(conv)
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
