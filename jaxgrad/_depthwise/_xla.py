@@ -282,7 +282,8 @@ def _few_taps(conv: Conv, most: int = _MAX_BLOCKED_TAPS) -> bool:
 
 
 def _few_gradient_taps(conv: Conv) -> bool:
-    """Whether the gradients read blocks on the CPU (``_few_taps`` on GPUs)."""
+    """Whether the gradients read blocks on the CPU (on GPUs, ``_few_taps`` decides
+    for every op)."""
     if conv.strides != (1, 1):
         return _few_taps(conv)
     return _few_taps(conv, _MAX_BLOCKED_GRADIENT_TAPS)
@@ -337,10 +338,10 @@ def _read_per_platform(
     elsewhere: _Read,
 ) -> jax.Array:
     """``op(*args, conv=conv, reading=...)``, its windows read as each platform reads
-    them faster. XLA:CPU reads some windows
-    faster from a padded copy (the NCHW half-precision ones, and the strided
-    input gradient's); XLA:GPU writes such a copy out, moving 1.8-4.3x the op's
-    bytes where gathered windows move 1.00x
+    them faster. XLA:CPU reads some windows faster from a padded copy (the NCHW
+    half-precision ones, the strided input gradient's, a 5x5 filter's stride-1
+    gradients'); XLA:GPU writes such a copy out, moving 1.8-4.3x the op's bytes
+    where gathered windows move 1.00x
     (``benchmarks/xla_gpu_report.py --sections depthwise``)."""
     if gpus == elsewhere:
         return op(*args, conv=conv, reading=gpus)
@@ -634,18 +635,18 @@ def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 def _portable_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
     x, dy = _from_memory_on_gpus(x, dy)
 
-    def by_taps(x: jax.Array, dy: jax.Array, *, few: bool) -> jax.Array:
-        if few:
+    def gradient(x: jax.Array, dy: jax.Array, *, blocked: bool) -> jax.Array:
+        if blocked:
             return _blocked_filter_gradient(x, dy, conv)
         return _filter_gradient_by_kernel_rows(x, dy, conv)
 
     on_gpus, elsewhere = _few_taps(conv), _few_gradient_taps(conv)
     if on_gpus == elsewhere:
-        return by_taps(x, dy, few=on_gpus)
+        return gradient(x, dy, blocked=on_gpus)
     return _on_gpus(
         (x, dy),
-        gpus=functools.partial(by_taps, few=on_gpus),
-        default=functools.partial(by_taps, few=elsewhere),
+        gpus=functools.partial(gradient, blocked=on_gpus),
+        default=functools.partial(gradient, blocked=elsewhere),
     )
 
 
