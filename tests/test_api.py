@@ -14,6 +14,8 @@ from jax import export
 
 import jaxgrad
 from jaxgrad import _implementation
+from jaxgrad._depthwise import _ops as _depthwise_ops
+from jaxgrad._resample import _ops as _resample_ops
 
 PUBLIC = [getattr(jaxgrad, name) for name in jaxgrad.__all__]
 
@@ -96,6 +98,40 @@ def test_an_eager_call_runs_one_compiled_program(call):
         logger.removeHandler(compiles)
     assert len(first) == 1, f"the first call compiled {first}"
     assert compiles.names == first, "the second call compiled again"
+
+
+@pytest.mark.parametrize(
+    ("ops", "op"),
+    [
+        (
+            _depthwise_ops,
+            lambda x: jaxgrad.depthwise_conv2d(x, jnp.sin(x[0, :3, :3, :, None]), (1, 1), "SAME"),
+        ),
+        (_resample_ops, lambda x: jaxgrad.resample(x, (1, 1.5, 1.5, 1), mode="linear")),
+    ],
+    ids=["depthwise", "resample"],
+)
+def test_higher_derivatives_trace_each_op_once(ops, op, monkeypatch):
+    # Each op's backward calls the other ops of its set, and their backwards call
+    # it again: a derivative of order n meets an op about 3**n times (depthwise;
+    # 2**n for resample; a third-order depthwise derivative traced the arithmetic
+    # 40 times, not 4). Called through the ops' compiled cores, each configuration
+    # is traced once and reused.
+    traced = []
+    run = ops._run
+    monkeypatch.setattr(ops, "_run", lambda *a, **k: traced.append(a) or run(*a, **k))
+    x = jnp.ones((1, 8, 8, 2))
+
+    def traces(order):
+        jax.clear_caches()
+        traced.clear()
+        fn = lambda x: jnp.sum(op(x) ** 2)  # noqa: E731
+        for _ in range(order):
+            fn = lambda x, fn=fn: jnp.sum(jnp.sin(jax.grad(fn)(x)))  # noqa: E731
+        jax.jit(fn).trace(x)
+        return len(traced)
+
+    assert traces(3) == traces(1) > 0
 
 
 @pytest.mark.parametrize("implementation", [None, pytest.param("pallas", marks=needs_kernels)])

@@ -538,9 +538,10 @@ def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rul
     (x, f, dy), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
     calls = []
-    for name in ("_conv", "_backprop_input", "_backprop_filter"):
-        original = getattr(_ops, name)
-        monkeypatch.setattr(_ops, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    for name in ("_conv", "_backprop_input", "_backprop_filter"):  # the rules call them compiled
+        original = getattr(_ops, f"_compiled{name}")
+        spy = lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)  # noqa: E731
+        monkeypatch.setattr(_ops, f"_compiled{name}", spy)
     jax.clear_caches()  # trace the backward anew, under the spies
 
     def penalty(x, f):

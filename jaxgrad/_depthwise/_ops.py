@@ -375,7 +375,7 @@ class _Saved:
 def _conv_fwd(x: Any, f: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
     # With symbolic zeros, the operands come wrapped with whether they are perturbed.
     saved = _Saved(x.value, f.value, (x.perturbed, f.perturbed))
-    return _conv(saved.x, saved.f, conv, impl), saved
+    return _compiled_conv(saved.x, saved.f, conv, impl), saved
 
 
 def _no_cotangent(primal: jax.Array) -> SymbolicZero:
@@ -393,8 +393,16 @@ def _conv_bwd(conv: Conv, impl: str | None, saved: _Saved, g: Any) -> tuple[Any,
     if isinstance(g, SymbolicZero):
         return _no_cotangent(x), _no_cotangent(f)
     wants_dx, wants_df = saved.wanted
-    dx = _sharding.like(_backprop_input(f, g, conv, impl), x) if wants_dx else _no_cotangent(x)
-    df = _sharding.like(_backprop_filter(x, g, conv, impl), f) if wants_df else _no_cotangent(f)
+    dx = (
+        _sharding.like(_compiled_backprop_input(f, g, conv, impl), x)
+        if wants_dx
+        else _no_cotangent(x)
+    )
+    df = (
+        _sharding.like(_compiled_backprop_filter(x, g, conv, impl), f)
+        if wants_df
+        else _no_cotangent(f)
+    )
     return dx, df
 
 
@@ -418,14 +426,14 @@ def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -
 def _backprop_input_fwd(
     f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _backprop_input(f, dy, conv, impl), (f, dy)
+    return _compiled_backprop_input(f, dy, conv, impl), (f, dy)
 
 
 def _backprop_input_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     f, dy = residuals
-    df, ddy = _backprop_filter(c, dy, conv, impl), _conv(c, f, conv, impl)
+    df, ddy = _compiled_backprop_filter(c, dy, conv, impl), _compiled_conv(c, f, conv, impl)
     return _sharding.like(df, f), _sharding.like(ddy, dy)
 
 
@@ -449,14 +457,14 @@ def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) 
 def _backprop_filter_fwd(
     x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _backprop_filter(x, dy, conv, impl), (x, dy)
+    return _compiled_backprop_filter(x, dy, conv, impl), (x, dy)
 
 
 def _backprop_filter_bwd(
     conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     x, dy = residuals
-    dx, ddy = _backprop_input(c, dy, conv, impl), _conv(x, c, conv, impl)
+    dx, ddy = _compiled_backprop_input(c, dy, conv, impl), _compiled_conv(x, c, conv, impl)
     return _sharding.like(dx, x), _sharding.like(ddy, dy)
 
 
@@ -464,7 +472,10 @@ _backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)
 
 # What the public functions call: compiled once per static configuration, so that
 # an eager call runs one cached program instead of dispatching op by op; under an
-# outer jax.jit each is inlined like any nested jit.
+# outer jax.jit each is inlined like any nested jit. The VJP rules above call them
+# too: each op's backward calls the other two, whose backwards call it again, so a
+# derivative of order n would trace the arithmetic about 3**n times; a jit traces
+# each configuration once and reuses it.
 _compiled_conv = jax.jit(_conv, static_argnums=(2, 3))
 _compiled_backprop_input = jax.jit(_backprop_input, static_argnums=(2, 3))
 _compiled_backprop_filter = jax.jit(_backprop_filter, static_argnums=(2, 3))

@@ -313,7 +313,7 @@ def _resample_core_fwd(
     x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None
 ) -> tuple[jax.Array, _sharding.Layout]:
     # Linear: no array to keep, only the sharding type the cotangent must have.
-    return resample_core(x, axes, transpose, impl), _sharding.Layout.of(x)
+    return compiled_core(x, axes, transpose, impl), _sharding.Layout.of(x)
 
 
 def _resample_core_bwd(
@@ -325,14 +325,16 @@ def _resample_core_bwd(
 ) -> tuple[jax.Array]:
     # resample's VJP is resample_grad and resample_grad's is resample, with the
     # same implementation: the pair is closed under differentiation.
-    return (layout.apply(resample_core(g, axes, not transpose, impl)),)
+    return (layout.apply(compiled_core(g, axes, not transpose, impl)),)
 
 
 resample_core.defvjp(_resample_core_fwd, _resample_core_bwd)
 
 # What the public functions call: compiled once per static configuration, so that
 # an eager call runs one cached program instead of dispatching op by op; under an
-# outer jax.jit it is inlined like any nested jit.
+# outer jax.jit it is inlined like any nested jit. The VJP rules above call it too:
+# a derivative of order n would otherwise trace the arithmetic about 2**n times; a
+# jit traces each configuration once and reuses it.
 compiled_core = jax.jit(resample_core, static_argnums=(1, 2, 3))
 
 
