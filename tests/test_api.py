@@ -103,7 +103,7 @@ def test_an_eager_call_runs_one_compiled_program(call):
 @pytest.mark.parametrize(
     ("ops", "op"),
     [
-        (
+        (  # a filter made of x: every derivative needs both gradients
             _depthwise_ops,
             lambda x: jaxgrad.depthwise_conv2d(x, jnp.sin(x[0, :3, :3, :, None]), (1, 1), "SAME"),
         ),
