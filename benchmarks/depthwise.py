@@ -2,8 +2,8 @@
 
     python benchmarks/depthwise.py [--dtypes float32 bfloat16] [--repeats 9]
 
-Cases: [8, 64, 64, 64] 3x3 stride 1 SAME in NHWC and NCHW, and 5x5 stride 2 with
-depth multiplier 2 (NHWC). Peers: lax.conv_general_dilated with
+Cases: [8, 64, 64, 64] 3x3 stride 1 SAME in NHWC and NCHW, 5x5 stride 2 with
+depth multiplier 2 (NHWC), and 5x5 stride 1 (NHWC). Peers: lax.conv_general_dilated with
 feature_group_count (and its VJP for each backprop alone), and PyTorch CPU
 (F.conv2d with groups; aten.convolution_backward for each backprop alone) when
 installed. The roofline reads and writes as many bytes as the op must (see
@@ -27,6 +27,7 @@ CASES = [
     ("3x3 s1 NHWC", "NHWC", (8, 64, 64, 64), (3, 3, 1), 1),
     ("3x3 s1 NCHW", "NCHW", (8, 64, 64, 64), (3, 3, 1), 1),
     ("5x5 s2 M2 NHWC", "NHWC", (8, 64, 64, 64), (5, 5, 2), 2),
+    ("5x5 s1 NHWC", "NHWC", (8, 64, 64, 64), (5, 5, 1), 1),
 ]
 PEERS = ["lax", "torch"]
 

@@ -270,10 +270,10 @@ def _taps(conv: Conv) -> list[tuple[int, int]]:
 # the blocked reads stay faster for small filters (see the design notes).
 _MAX_BLOCKED_TAPS = 25
 # On the CPU the gradients of a stride-1 convolution leave the blocked reads
-# sooner: a 5x5 filter's gradients compile in half the time padded and run as
-# fast or faster, while its forward, and strided gradients (whose loop reads
-# strided windows), run faster blocked. GPUs keep the limit above for every op:
-# XLA:GPU writes the padded copy out.
+# sooner: a 5x5 filter's gradients compile in half the time padded, and a
+# jax.grad through them runs as fast or faster, while its forward, and strided
+# gradients (whose loop reads strided windows), run faster blocked. GPUs keep the
+# limit above for every op: XLA:GPU writes the padded copy out.
 _MAX_BLOCKED_GRADIENT_TAPS = 20
 
 
