@@ -833,29 +833,18 @@ def test_a_5x5_filter_reads_padded_copies_in_the_cpus_stride_1_gradients_only(st
     # On the CPU a 5x5 filter's stride-1 gradients read an isolated padded copy (a
     # barrier keeps it; the filter gradient loops over kernel rows); its forward
     # and its strided gradients read blocks, and a GPU's programs always do.
-    x, f = jnp.ones((2, 12, 12, 3), jnp.float32), jnp.ones((5, 5, 3, 1), jnp.float32)
-    kw = dict(strides=strides, padding="SAME", implementation="xla")
-    y = jaxgrad.depthwise_conv2d(x, f, **kw)
-    ops = {
-        "forward": (lambda x, f: jaxgrad.depthwise_conv2d(x, f, **kw), (x, f)),
-        "backprop_input": (
-            lambda f, dy: jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, dy, **kw),
-            (f, y),
-        ),
-        "backprop_filter": (
-            lambda x, dy: jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, dy, **kw),
-            (x, y),
-        ),
-    }
+    cfg = make_cfg((2, 12, 12, 3), (5, 5, 3, 1), strides, (1, 1), "SAME")
+    (x, f, dy), _ = operands(cfg, "NHWC", jnp.float32)
+    args = {"forward": (x, f), "backprop_input": (f, dy), "backprop_filter": (x, dy)}
     marks = {  # what an isolated copy leaves in each op's program
         "forward": "stablehlo.optimization_barrier",
         "backprop_input": "stablehlo.optimization_barrier",
         "backprop_filter": "stablehlo.while",
     }
-    for name, (fn, args) in ops.items():
+    for name, fn in three_ops(cfg, "NHWC", implementation="xla").items():
         for platform in ("cuda", "cpu"):
             padded = platform == "cpu" and strides == (1, 1) and name != "forward"
-            text = lowered_text(fn, *args, platform=platform)
+            text = lowered_text(fn, *args[name], platform=platform)
             assert (marks[name] in text) == padded, (name, platform)
 
 
