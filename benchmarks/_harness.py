@@ -14,6 +14,7 @@ import functools
 import json
 import operator
 import os
+import pathlib
 import platform
 import statistics
 import sys
@@ -192,7 +193,7 @@ def machine() -> dict[str, Any]:
     devices = jax.devices()
     return {
         "date": datetime.date.today().isoformat(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": _processor(),
         "cpu_cores": _cpu_count(),
         "devices": f"{len(devices)} x {devices[0].device_kind}",
         "python": platform.python_version(),
@@ -200,6 +201,31 @@ def machine() -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": _torch_version(),
     }
+
+
+# The vector extensions a CPU's kernels are chosen by: without AVX-512's bfloat16
+# instructions (or AMX), oneDNN computes PyTorch's bfloat16 convolutions in reference
+# loops, tens of times slower, so a table's PyTorch column depends on them.
+_VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def _processor() -> str:
+    """The CPU's model and vector extensions (on Linux), else its architecture."""
+    try:
+        return describe_cpu(pathlib.Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def describe_cpu(cpuinfo: str) -> str:
+    """``model (extensions)`` from the text of Linux's /proc/cpuinfo (its first CPU)."""
+    fields = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = fields.get("flags", "").split()
+    extensions = ", ".join(e for e in _VECTOR_EXTENSIONS if e in flags) or "no AVX2"
+    return f"{fields.get('model name', platform.machine())} ({extensions})"
 
 
 def describe_machine() -> str:

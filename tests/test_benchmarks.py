@@ -95,6 +95,25 @@ def test_tune_smoke(tmp_path, monkeypatch):
     assert "| current launch |" in result.stdout and f"| {jax_peer} |" in result.stdout
 
 
+def test_tables_name_the_cpu_and_the_vector_extensions_its_kernels_use(monkeypatch):
+    """A table records the CPU's model and the extensions PyTorch's oneDNN picks
+    its kernels by (its bfloat16 convolutions are reference loops without
+    AVX-512's bfloat16 instructions), read from the first CPU in /proc/cpuinfo."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _harness
+
+    def cpu(model, flags):
+        return f"processor\t: 0\nmodel name\t: {model}\nflags\t\t: {flags}\n"
+
+    xeon = cpu("Intel Xeon", "fpu sse avx avx2 avx512f avx512_bf16 amx_bf16")
+    epyc = cpu("AMD EPYC", "fpu sse avx fma avx2")
+    assert _harness.describe_cpu(xeon + "\n" + epyc) == (
+        "Intel Xeon (avx2, avx512f, avx512_bf16, amx_bf16)"
+    )
+    assert _harness.describe_cpu(epyc) == "AMD EPYC (avx2)"
+    assert _harness.describe_cpu(cpu("Old", "fpu sse")) == "Old (no AVX2)"
+
+
 @needs_kernels
 def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     """A candidate launch that fails to compile or run is recorded with its error
