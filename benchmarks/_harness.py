@@ -218,14 +218,16 @@ def _processor() -> str:
 
 
 def describe_cpu(cpuinfo: str) -> str:
-    """``model (extensions)`` from the text of Linux's /proc/cpuinfo (its first CPU)."""
+    """``model (extensions)`` from the text of Linux's /proc/cpuinfo (its first CPU):
+    which of ``_VECTOR_EXTENSIONS`` it has, the model alone if none."""
     fields = {}
     for line in cpuinfo.split("\n\n")[0].splitlines():
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
     flags = fields.get("flags", "").split()
-    extensions = ", ".join(e for e in _VECTOR_EXTENSIONS if e in flags) or "no AVX2"
-    return f"{fields.get('model name', platform.machine())} ({extensions})"
+    extensions = ", ".join(e for e in _VECTOR_EXTENSIONS if e in flags)
+    model = fields.get("model name", platform.machine())
+    return f"{model} ({extensions})" if extensions else model
 
 
 def describe_machine() -> str:
