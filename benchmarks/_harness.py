@@ -203,9 +203,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-# The vector extensions a CPU's kernels are chosen by: without AVX-512's bfloat16
-# instructions (or AMX), oneDNN computes PyTorch's bfloat16 convolutions in its far
-# slower reference loops, so a table's PyTorch column depends on them.
+# The vector extensions a CPU's kernels are chosen by: without AVX-512, PyTorch
+# does not hand bfloat16 convolutions to oneDNN and runs its own, far slower,
+# kernels, so a table's PyTorch column depends on them.
 _VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 

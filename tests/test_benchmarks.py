@@ -96,9 +96,9 @@ def test_tune_smoke(tmp_path, monkeypatch):
 
 
 def test_tables_name_the_cpu_and_the_vector_extensions_its_kernels_use(monkeypatch):
-    """A table records the CPU's model and the extensions PyTorch's oneDNN picks
-    its kernels by (its bfloat16 convolutions are reference loops without
-    AVX-512's bfloat16 instructions), read from the first CPU in /proc/cpuinfo."""
+    """A table records the CPU's model and the extensions PyTorch picks its CPU
+    kernels by (without AVX-512 its bfloat16 convolutions bypass oneDNN, far
+    slower), read from the first CPU in /proc/cpuinfo."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import _harness
 
