@@ -21,7 +21,10 @@ another fixed order.
   over the taps of the input tile the tap reads times the tap.
 - input gradient: a program writes a block of input rows; each input pixel sums,
   over the taps and multipliers, the output-gradient pixels that read it through
-  that tap (a gather: lanes no tap reaches at this stride are masked).
+  that tap (a gather). At a stride ``sw`` the same tap columns reach every
+  column ``c * sw + phase`` of one phase, so a tile holds one phase's columns
+  and reads only the taps that reach them, at consecutive output columns; at a
+  stride ``sh`` a branch skips the filter rows that reach no output row.
 - filter gradient: a program sums ``window * dy`` over a block of rows for a
   group of taps, in registers, and writes one partial per tap; a second, small
   kernel adds the partials of all programs up in a fixed order.
@@ -169,12 +172,14 @@ def _cut(conv: Conv, kernel: str) -> _Cut:
 
 def _tiled(conv: Conv, kernel: str) -> tuple[tuple[int, int], int]:
     """The (rows, columns) and channel lanes of the tiles ``kernel``'s programs own:
-    the input gradient's, or the output's (forward, filter gradient). Where input
-    channels are repeated in registers, the input gradient's lanes are output
-    channels too, summed over the multiplier before they are written."""
+    the output's (forward, filter gradient), or the input gradient's, whose
+    columns are those of one phase (``_phase_columns``). Where input channels are
+    repeated in registers, the input gradient's lanes are output channels too,
+    summed over the multiplier before they are written."""
     if kernel == "input":
         lanes = conv.channels * conv.multiplier if _repeats(conv) else conv.channels
-        return conv.in_size, lanes
+        rows, cols = conv.in_size
+        return (rows, pl.cdiv(cols, conv.strides[1])), lanes
     return conv.out_size, conv.channels * conv.multiplier
 
 
@@ -548,26 +553,44 @@ def _source(position: Any, offset: int, stride: int, size: int) -> tuple[Any, An
     return index, (shifted >= 0) & (lax.rem(start, step) == 0) & (index < size)
 
 
+def _phase_taps(conv: Conv, phase: int) -> list[int]:
+    """The filter columns ``dj`` whose taps reach the input columns of ``phase``,
+    ``c * sw + phase``. Output column ``j`` reads input column ``j * sw - left +
+    dj * dw`` through tap column ``dj``, so at stride ``sw`` a tap column reaches
+    every column of a phase or none of them."""
+    sw, dw, left = conv.strides[1], conv.dilations[1], conv.pads[1][0]
+    return [dj for dj in range(conv.kernel[1]) if (phase + left - dj * dw) % sw == 0]
+
+
+def _phase_columns(block: Any, conv: Conv, phase: int) -> Any:
+    """The input columns ``c * sw + phase`` for the indices ``c`` of ``block``."""
+    sw = conv.strides[1]
+    return block if sw == 1 else block * sw + phase
+
+
 def _reached_gradients(
     dy_ref: Any,
     conv: Conv,
     launch: _Launch,
     n: Any,
     p: Any,
-    cols: Any,
+    block: Any,
+    phase: int,
     di: Any,
     dj: int,
     out_lanes: list[jax.Array],
     dtype: Any,
 ) -> list[jax.Array]:
     """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p`` and
-    columns ``cols``, one per list of output lanes. Rows and columns no output
-    reads through the tap are masked."""
+    the columns of ``phase`` at ``block``, one per list of output lanes; tap
+    column ``dj`` reaches that phase (``_phase_taps``). The output columns are
+    then ``block`` plus an offset, read in vectorized loads. Rows no output
+    reads through the tap, and columns past the output's edges, are masked."""
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
-    j, col_reached = _source(cols, left - dj * dw, sw, conv.out_size[1])
-    reached = row_reached & col_reached
+    j = block + (phase + left - dj * dw) // sw
+    reached = row_reached & ((j >= 0) & (j < conv.out_size[1]))
     return [
         _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes
     ]
@@ -577,7 +600,7 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     dtype = _checks.compute_dtype(dy_ref.dtype)
     m = conv.multiplier
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
-    cols = _kernels.lanes(pl.program_id(2), launch.cols)
+    block = _kernels.lanes(pl.program_id(2), launch.cols)
     repeats = _repeats(conv)
     if repeats:
         # The lanes are output channels, read in contiguous tiles; each input
@@ -592,52 +615,103 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     taps = _Taps(f_ref, launch, conv, out_lanes, dtype)
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
-    def gradients(p: Any, di: Any, dj: int) -> list[jax.Array]:
-        return _reached_gradients(dy_ref, conv, launch, n, p, cols, di, dj, out_lanes, dtype)
-
     def add_tap(t: Any, tiles: list[jax.Array], total: jax.Array) -> jax.Array:
         for q, grad in enumerate(tiles):
             total = total + grad * taps(t, q)[None, :]
         return total
 
-    def write(p: Any, total: jax.Array) -> None:
-        if repeats:
-            total = _sum_lane_groups(total, m)
-        _write(dx_ref, conv, launch, n, p, cols, chans, total)
+    def if_row_reached(
+        p: Any, di: Any, add_row: Callable[[jax.Array], jax.Array], total: jax.Array
+    ) -> jax.Array:
+        """``add_row(total)`` where an output row reads input row ``p`` through
+        filter row ``di``, else ``total``. At a stride ``sh`` a filter row
+        reaches one input row in ``sh``, so a branch skips the loads and products
+        of the others; at stride 1 it reaches all but those at the edges, whose
+        loads stay masked, without a branch."""
+        sh, top = conv.strides[0], conv.pads[0][0]
+        if sh == 1:
+            return add_row(total)
+        _, reached = _source(p, top - di * dh, sh, conv.out_size[0])
+        return lax.cond(reached, add_row, lambda total: total, total)  # type: ignore[no-any-return]
 
-    if taps.unrolled:
-        # Input row p + 1's filter row di reads the output-gradient row that filter
-        # row di - 1 reads for row p, when the filter is not dilated.
-        shift = -1 if dh == 1 else None
+    def phase_rows(phase: int) -> None:
+        """Writes the program's rows at the input columns of ``phase``. Each tap
+        column reaches all of them or none (``_phase_taps``), so only the taps
+        that reach them are read, each at the output columns ``block`` plus an
+        offset: at stride 1 there is one phase, every tap reaches it."""
+        dj_reaching = _phase_taps(conv, phase)
+        reaching = [di * fw + dj for di in range(fh) for dj in dj_reaching]
+        cols = _phase_columns(block, conv, phase)
 
-        def read(t: int) -> Callable[[Any], list[jax.Array]]:
-            return lambda r: gradients(first + r, *divmod(t, fw))
+        def gradients(p: Any, di: Any, dj: int) -> list[jax.Array]:
+            return _reached_gradients(
+                dy_ref, conv, launch, n, p, block, phase, di, dj, out_lanes, dtype
+            )
 
-        def sum_row(r: Any, item: Callable[[int], list[jax.Array]], carry: None) -> None:
-            total = zeros
-            for t in range(fh * fw):
-                total = add_tap(t, item(t), total)
-            write(first + r, total)
+        def write(p: Any, total: jax.Array) -> None:
+            if repeats:
+                total = _sum_lane_groups(total, m)
+            _write(dx_ref, conv, launch, n, p, cols, chans, total)
+
+        if taps.unrolled:
+            # Input row p + 1's filter row di reads the output-gradient row that
+            # filter row di - 1 reads for row p, when the filter is not dilated.
+            shared = _shared_taps(launch, fh, fw, -1 if dh == 1 else None)
+
+            def read(t: int) -> Callable[[Any], list[jax.Array]]:
+                return lambda r: gradients(first + r, *divmod(t, fw))
+
+            def add_filter_row(
+                item: Callable[[int], list[jax.Array]], di: int, total: jax.Array
+            ) -> jax.Array:
+                for k, t in enumerate(reaching):
+                    if t // fw == di:
+                        total = add_tap(t, item(k), total)
+                return total
+
+            def sum_row(r: Any, item: Callable[[int], list[jax.Array]], carry: None) -> None:
+                p = first + r
+                total = zeros
+                for di in range(fh):
+                    read = item
+                    if launch.reuse_rows and conv.strides[0] > 1:
+                        # A kept row is read for the next row whether or not this
+                        # one uses it, so the reads come before the branch; the
+                        # products and sums stay in it, as without kept rows.
+                        tiles = {k: item(k) for k, t in enumerate(reaching) if t // fw == di}
+                        read = tiles.__getitem__
+                    add_row = functools.partial(add_filter_row, read, di)
+                    total = if_row_reached(p, di, add_row, total)
+                write(p, total)
+                return carry
+
+            # A shared tap has the same column as the tap it stands for, so it
+            # reaches this phase too.
+            sources = [shared[t] for t in reaching]
+            reused = [None if j is None else reaching.index(j) for j in sources]
+            _row_loop(launch.rows, [read(t) for t in reaching], reused, sum_row, None)
+            return
+
+        # More taps than registers hold: the taps are loaded where they are used,
+        # in a loop over the filter rows.
+        def row(r: Any, carry: None) -> None:
+            p = first + r
+
+            def filter_row(di: Any, total: jax.Array) -> jax.Array:
+                def add_row(total: jax.Array) -> jax.Array:
+                    for dj in dj_reaching:
+                        total = add_tap(di * fw + dj, gradients(p, di, dj), total)
+                    return total
+
+                return if_row_reached(p, di, add_row, total)
+
+            write(p, taps.sum_over_filter_rows(filter_row, zeros))
             return carry
 
-        reads = [read(t) for t in range(fh * fw)]
-        _row_loop(launch.rows, reads, _shared_taps(launch, fh, fw, shift), sum_row, None)
-        return
+        lax.fori_loop(0, launch.rows, row, None)
 
-    # More taps than registers hold: the taps are loaded where they are used, in a
-    # loop over the filter rows.
-    def row(r: Any, carry: None) -> None:
-        p = first + r
-
-        def filter_row(di: Any, total: jax.Array) -> jax.Array:
-            for dj in range(fw):
-                total = add_tap(di * fw + dj, gradients(p, di, dj), total)
-            return total
-
-        write(p, taps.sum_over_filter_rows(filter_row, zeros))
-        return carry
-
-    lax.fori_loop(0, launch.rows, row, None)
+    for phase in range(conv.strides[1]):
+        phase_rows(phase)
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
