@@ -95,6 +95,41 @@ def test_tune_smoke(tmp_path, monkeypatch):
     assert "| current launch |" in result.stdout and f"| {jax_peer} |" in result.stdout
 
 
+@needs_kernels
+def test_compare_times_the_given_kernels_against_the_librarys(tmp_path, monkeypatch):
+    """``benchmarks/compare.py`` runs the ops over the file's kernels: a copy of the
+    library's kernels gives the same program (compiled and timed once), a file whose
+    forward kernel doubles each term gives other bits; and the library's ops are
+    left as they were."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare
+    import tune
+
+    from jaxgrad._depthwise import _pallas
+
+    source = pathlib.Path(_pallas.__file__).read_text()
+    term = "total = total + item(t) * taps(t, 0)[None, :]"
+    assert source.count(term) == 1  # the forward's sum over its taps
+    doubled = source.replace(term, term + " * 2")
+    [(case, op, build)] = [c for c in tune.CASES["depthwise"](True) if c[1] == "forward"]
+    fn, args, _ = build()[op]
+    library = compare.compiled(fn, args)[2]
+    rows = []
+    for name, text in (("same", source), ("doubled", doubled)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        row = compare.compare("depthwise", compare.load(str(path), "depthwise"), build()[op], 1)
+        rows.append({"family": "depthwise", "case": case, "op": name, **row})
+    same, changed = rows
+    assert same["same_bits"] and same["same_program"]
+    assert same["file_ms"] == same["library_ms"]  # timed once
+    assert not changed["same_bits"] and not changed["same_program"]
+    # The library's ops run the library's kernels again after the swaps.
+    assert compare.compiled(fn, args)[2] == library
+    table = compare.render(rows)
+    assert "| library / file |" in table and "| lax |" in table and "| no |" in table
+
+
 def test_tables_name_the_cpu_and_the_vector_extensions_its_kernels_use(monkeypatch):
     """A table records the CPU's model and the extensions PyTorch picks its CPU
     kernels by (without AVX-512 its bfloat16 convolutions bypass oneDNN, far
