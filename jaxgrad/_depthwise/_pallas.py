@@ -584,8 +584,9 @@ def _reached_gradients(
     """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p`` and
     the columns of ``phase`` at ``block``, one per list of output lanes; tap
     column ``dj`` reaches that phase (``_phase_taps``). The output columns are
-    then ``block`` plus an offset, read in vectorized loads. Rows no output
-    reads through the tap, and columns past the output's edges, are masked."""
+    then ``block`` plus an offset, which Triton can read in vectorized loads.
+    Rows no output reads through the tap, and columns past the output's edges,
+    are masked."""
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
     i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
