@@ -10,8 +10,9 @@ once, checked and timed, and jaxgrad's programs compile side by side
 (``--threads``; the programs XLA tunes on the device as it compiles them, the
 peers', one at a time).
 ``--sections``, ``--cases``, ``--dtypes``, ``--layouts`` and ``--skip-xla-timing``
-cut a run into parts that fit a time limit, and each section's seconds are
-printed. It prints (and writes as JSON):
+cut a run into parts that fit a time limit; each section's seconds, and each
+timed row's (its compiles included), are printed and kept in the JSON, so that a
+run shows where its minutes go. It prints (and writes as JSON):
 
 1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
 2. Reproducibility: tests/determinism_check.py --size large in three fresh
@@ -234,6 +235,20 @@ def same_programs(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Ha
         if text is not None and first.setdefault(text, key) != key:
             twins[key] = first[text]
     return twins
+
+
+class Stopwatch:
+    """Wall seconds between laps: what each timed row of a run cost, compiles
+    included, so that a run shows where its minutes go."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        """The seconds since the last lap (or the start)."""
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        return seconds
 
 
 def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
@@ -575,7 +590,10 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
     (``float64_result``), and ``("speed", row)``, the times of one op.
 
     jaxgrad's programs of a case, layout and dtype compile first (side by side:
-    ``first_results``), then each op's peers one at a time, as they are timed."""
+    ``first_results``), then each op's peers one at a time, as they are timed. A
+    speed row's ``seconds`` are the wall time since the row before it: the first
+    op's of a case, layout and dtype hold jaxgrad's compiles and checks too."""
+    since = Stopwatch()
     for name, (n, h, w, c), (fh, fw, m), stride in CASES:
         x = rng.normal(size=(n, h, w, c)).astype(np.float32)
         f = rng.normal(size=(fh, fw, c, m)).astype(np.float32)
@@ -643,10 +661,12 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     ]
                     best_peer = min(peers, default=math.nan)
                     row["default_over_best_peer"] = ms["jaxgrad default"] / best_peer
+                    row["seconds"] = since.lap()
                     print(
                         f"  {name:<28} {fmt} {dtype:<8} {op:<16} roof {roof:.3f}  "
                         + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
-                        + f"  default/best peer {row['default_over_best_peer']:.2f}",
+                        + f"  default/best peer {row['default_over_best_peer']:.2f}"
+                        + f"  ({row['seconds']:.0f} s)",
                         flush=True,
                     )
                     yield "speed", row
@@ -824,7 +844,9 @@ def resample_speed(
     row)``, the relative error of each timed program against float64
     (``float64_result``), and ``("resample_speed", row)``, the times of one op. jaxgrad's
     programs of a case and dtype compile first (``first_results``), then the
-    peers one at a time."""
+    peers one at a time. A speed row's ``seconds`` are the wall time since the row
+    before it, as in the depthwise section."""
+    since = Stopwatch()
     for layout, shape, axes, mode, scale in resample_cases(smoke, only):
         scales, out = resample_shapes(shape, axes, scale)
         # The float64 references' programs, compiled once for every dtype.
@@ -873,11 +895,13 @@ def resample_speed(
                     **ms,
                 )
                 row["default_over_roofline"] = ms["jaxgrad default"] / roof
+                row["seconds"] = since.lap()
                 print(
                     f"  {row['case']:<36} {dtype:<8} {op:<8} roof {roof:.3f}  "
                     + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
                     + (f"  torch {row['torch']:.3f}" if row["torch"] is not None else "")
-                    + f"  default/roofline {row['default_over_roofline']:.2f}",
+                    + f"  default/roofline {row['default_over_roofline']:.2f}"
+                    + f"  ({row['seconds']:.0f} s)",
                     flush=True,
                 )
                 yield "resample_speed", row

@@ -56,6 +56,11 @@ def test_gpu_benchmark_smoke(tmp_path):
         assert (row["torch"] is not None) == has_torch, section
     assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
     assert "| default / roofline |" in result.stdout
+    # Each timed row keeps what it cost, compiles included: the rows of a section
+    # add up to at most the section's wall time.
+    for section, took in (("speed", "speed"), ("resample_speed", "resample_speed")):
+        seconds = [row["seconds"] for row in results[section]]
+        assert all(s > 0 for s in seconds) and sum(seconds) <= results["seconds"][took]
 
 
 @needs_kernels
