@@ -142,15 +142,8 @@ def main() -> None:
         "--smoke", action="store_true", help="a tiny case on the CPU: checks the script"
     )
     args = parser.parse_args()
-    if args.smoke:
-        args.rounds = 1
-        gpu.TORCH_DEVICE = "cpu"
-    elif jax.default_backend() != "gpu":
-        raise SystemExit("benchmarks/compare.py needs a CUDA GPU as JAX's default backend")
+    torch = tune.start(args, "benchmarks/compare.py")
     kernels = load(args.file, args.family)
-    torch = None
-    with contextlib.suppress(ImportError):  # PyTorch is an optional peer
-        import torch
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": gpu.environment(),

@@ -367,6 +367,22 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def start(args: argparse.Namespace, script: str) -> Any:
+    """Sets up a run as ``args`` ask: ``--smoke`` on the CPU with one round (PyTorch
+    too), else on a CUDA GPU, or exits. Returns PyTorch, the optional peer, or None
+    where it is not installed."""
+    if args.smoke:
+        args.rounds = 1
+        gpu.TORCH_DEVICE = "cpu"
+    elif jax.default_backend() != "gpu":
+        raise SystemExit(f"{script} needs a CUDA GPU as JAX's default backend")
+    with contextlib.suppress(ImportError):
+        import torch
+
+        return torch
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
@@ -382,14 +398,7 @@ def main() -> None:
         "--smoke", action="store_true", help="a tiny case per family on the CPU: checks the script"
     )
     args = parser.parse_args()
-    if args.smoke:
-        args.rounds = 1
-        gpu.TORCH_DEVICE = "cpu"
-    elif jax.default_backend() != "gpu":
-        raise SystemExit("benchmarks/tune.py needs a CUDA GPU as JAX's default backend")
-    torch = None
-    with contextlib.suppress(ImportError):  # PyTorch is an optional peer
-        import torch
+    torch = start(args, "benchmarks/tune.py")
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": gpu.environment(),
