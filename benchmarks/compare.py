@@ -14,13 +14,15 @@ which timings of separate runs do not give (two leases timed one program 0.057 a
 0.087 ms). The file is loaded beside the library as a module of its own and
 imports the rest of jaxgrad as the library's version does, so it must fit the
 library's other modules; the family's ops reach it through a copy of the family's
-``_partition`` built over it, so nothing of the library changes.
+``_partition`` built over it, which stands in for the library's while the
+programs compile (no file of the library changes).
 
 It prints, per case and op, both times, their ratio, the fastest peer, whether the
 two versions' results have the same bits, and whether their programs are the same
 (compared as benchmarks/gpu.py compares programs): a case the change does not
-touch is then timed once. ``--smoke`` runs a tiny case of the family on the CPU, the kernels
-interpreted, to check the script itself.
+touch is then timed once. ``--smoke`` runs a tiny case of the family on the CPU,
+the kernels interpreted, to check the script itself (both families, with a file
+that changes a kernel's result and one that does not, have run so).
 """
 
 from __future__ import annotations
