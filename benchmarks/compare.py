@@ -21,8 +21,7 @@ It prints, per case and op, both times, their ratio, the fastest peer, whether t
 two versions' results have the same bits, and whether their programs are the same
 (compared as benchmarks/gpu.py compares programs): a case the change does not
 touch is then timed once. ``--smoke`` runs a tiny case of the family on the CPU,
-the kernels interpreted, to check the script itself (both families, with a file
-that changes a kernel's result and one that does not, have run so).
+the kernels interpreted, to check the script itself.
 """
 
 from __future__ import annotations
