@@ -117,12 +117,7 @@ def render(rows: list[dict]) -> str:
         "|" + "---|" * 11,
     ]
     for r in rows:
-        peer = tune.fastest_peer(r)
-        versus = (
-            f"| {peer[0]} | {peer[1]:.3f} | {r['library_ms'] / peer[1]:.2f} "
-            if peer
-            else "| - | - | - "
-        )
+        versus = tune.peer_cells(r, r["library_ms"])
         lines.append(
             f"| {r['family']} | {r['case']} | {r['op']} | {r['file_ms']:.3f} "
             f"| {r['library_ms']:.3f} | {r['library_ms'] / r['file_ms']:.2f} {versus}"

@@ -338,6 +338,13 @@ def fastest_peer(row: dict) -> tuple[str, float] | None:
     return min(ran.items(), key=lambda item: item[1]) if ran else None
 
 
+def peer_cells(row: dict, ms: float) -> str:
+    """The table cells of ``row``'s fastest peer: its name, its time and ``ms`` over
+    it (dashes where no peer ran)."""
+    peer = fastest_peer(row)
+    return f"| {peer[0]} | {peer[1]:.3f} | {ms / peer[1]:.2f} " if peer else "| - | - | - "
+
+
 def render(rows: list[dict]) -> str:
     lines = [
         "| family | case | op | current launch | ms | best launch | ms | current / best "
@@ -345,12 +352,7 @@ def render(rows: list[dict]) -> str:
         "|" + "---|" * 11,
     ]
     for r in rows:
-        peer = fastest_peer(r)
-        versus = (
-            f"| {peer[0]} | {peer[1]:.3f} | {r['best_ms'] / peer[1]:.2f} |"
-            if peer
-            else "| - | - | - |"
-        )
+        versus = peer_cells(r, r["best_ms"]) + "|"
         lines.append(
             f"| {r['family']} | {r['case']} | {r['op']} | {label(r['current'])} "
             f"| {r['current_ms']:.3f} | {label(r['best'])} | {r['best_ms']:.3f} "
