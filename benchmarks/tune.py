@@ -12,12 +12,15 @@ parameters at a time: for the depthwise kernels, first the filter taps a program
 holds in registers (``taps``, halved, kept or doubled: a 5x5 filter's 25 taps are
 unrolled at 32, looped over or cut into groups at 16), then whether a program keeps
 the input rows that consecutive rows share in registers (``reuse_rows``: fewer
-loads, more registers); the tile (each side halved, kept or doubled) together with
-the warps (2, 4, 8), since their ratio sets each thread's share of the tile and so
-its registers; then the rows (a quarter to four times). A coordinate search: about
-35 compiles per op instead of every combination's 810. Every case of both families
-is well over two thousand compiles, so pick cases with ``--cases`` and ``--ops``
-(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``). The depthwise
+loads, more registers), then whether an NCHW forward or filter gradient at column
+stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
+loads, twice the columns read; elsewhere the same program); the tile (each side
+halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
+each thread's share of the tile and so its registers; then the rows (a quarter to
+four times). A coordinate search: about 36 compiles per op instead of every
+combination's 1620. Every case of both families is well over two thousand
+compiles, so pick cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC
+bfloat16" --ops backprop_filter``). The depthwise
 ``backward`` is the forward op's backward, both gradients: each candidate is given
 to both of its kernels, so a launch for each is searched through the gradient ops
 themselves.
@@ -69,10 +72,11 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # The launch's parameters, searched in this order: the filter taps the depthwise
 # kernels hold in registers (a filter of more taps loads them where it uses them, or
 # sums them in groups of programs); whether they keep the input rows that
-# consecutive rows share in registers (fewer loads, more registers); the tile and
+# consecutive rows share in registers (fewer loads, more registers); whether they
+# read strided NCHW columns in pairs (wider loads, twice the columns); the tile and
 # the warps together (their ratio is the elements each thread holds, hence its
 # registers); then the rows.
-GROUPS = ("taps", "rows kept", "tile and warps", "rows")
+GROUPS = ("taps", "rows kept", "strided reads", "tile and warps", "rows")
 WARPS = (2, 4, 8)
 
 
@@ -97,7 +101,7 @@ def launches(module: Any, fields: dict[str, int] | None = None) -> Iterator[list
 
 
 def fields_of(launch: Any) -> dict[str, int]:
-    names = ("cols", "channels", "rows", "warps", "reuse_rows", "taps")
+    names = ("cols", "channels", "rows", "warps", "reuse_rows", "taps", "wide_strided_reads")
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
 
@@ -109,6 +113,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         options = [{"taps": t} for t in sorted({taps // 2, taps, taps * 2})] if taps else [{}]
     elif group == "rows kept":
         options = [{"reuse_rows": r} for r in (False, True)] if "reuse_rows" in best else [{}]
+    elif group == "strided reads":
+        wide = "wide_strided_reads" in best
+        options = [{"wide_strided_reads": w} for w in (False, True)] if wide else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
@@ -129,6 +136,7 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
 def label(fields: dict[str, int]) -> str:
     tile = f"{fields['cols']}x{fields['channels']}"
     kept = ", rows kept" if fields.get("reuse_rows") else ""
+    kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""
     return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 

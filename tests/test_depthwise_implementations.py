@@ -387,6 +387,50 @@ def test_rows_kept_in_registers_change_no_bits(
 
 @needs_kernels
 @pytest.mark.parametrize(
+    ("kernel", "dilations", "padding", "m"),
+    [
+        ((3, 3), (1, 1), "SAME", 1),  # taps at columns 2c - 1, 2c, 2c + 1: both halves
+        ((2, 3), (1, 2), "VALID", 2),  # 2c, 2c + 2, 2c + 4: even halves; channels repeated
+        ((3, 2), (2, 3), "SAME", 3),  # 2c - 1, 2c + 2: an odd offset before the tile
+    ],
+)
+def test_strided_columns_read_in_pairs_change_no_bits(kernel, dilations, padding, m, monkeypatch):
+    # In NCHW at column stride 2 a launch may read a window's columns as one run of
+    # column pairs and keep one column of each pair, rather than every other column
+    # alone. The forward and the filter gradient then sum the same products in the
+    # same order: the same bits. An infinite input in the last column reaches
+    # exactly the results whose sums read it, whichever way it is read: the pair
+    # read past the last output column must not bring it into the filter gradient.
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
+    cfg = make_cfg((2, 5, 15, 3), (*kernel, 3, m), (1, 2), dilations, padding)
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, "NCHW", jnp.float32, seed=m)
+    x64[1, 3, 14, 2] = np.inf
+    x = x.at[1, 2, 3, 14].set(jnp.inf)
+    chosen, given = _pallas._launch, []
+
+    def launch(*args, wide):
+        given.append(dataclasses.replace(chosen(*args), wide_strided_reads=wide))
+        return given[-1]
+
+    got = {}
+    for wide in (False, True):
+        jax.clear_caches()  # no kernel traced under the other launch is reused
+        monkeypatch.setattr(_pallas, "_launch", functools.partial(launch, wide=wide))
+        ops = three_ops(cfg, "NCHW", implementation="pallas")
+        del ops["backprop_input"]  # it reads the output gradient, not strided windows
+        got[wide] = run_ops(ops, "NCHW", x, f, dy)
+    assert {launch.wide_strided_reads for launch in given} == {False, True}
+    wants = references(cfg, x64, f64, dy64)
+    for name in ("forward", "backprop_filter"):
+        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
+        want = wants[name]
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got[True][name][~finite], want[~finite], err_msg=name)
+        assert relative_error(got[True][name][finite], want[finite]) < 1e-6, name
+
+
+@needs_kernels
+@pytest.mark.parametrize(
     ("data_format", "channels", "m", "repeats"),
     [
         ("NHWC", 3, 2, True),

@@ -68,6 +68,13 @@ class _Launch:
     # one float32 sum per tap in the filter gradient (a larger filter's taps are
     # cut into groups, a program each).
     taps: int
+    # Whether an NCHW forward or filter gradient at column stride 2 reads a
+    # window's columns as one run of column pairs, twice the tile's columns, and
+    # keeps one column of each pair in registers, rather than reading every other
+    # column: lanes two elements apart are loaded one at a time, a run of pairs
+    # (an arange plus an offset) in wide loads. Whether the wider reads pay for
+    # the registers the pairs take is measured per kernel (``_CUTS``).
+    wide_strided_reads: bool = False
 
     def call(
         self,
@@ -96,14 +103,16 @@ class _Launch:
 class _Cut:
     """How one kernel cuts its work in one layout: the elements of its tile, the
     channels the tile spans at most (the columns get the rest), the warps of a
-    program, whether a program keeps shared input rows (``_Launch.reuse_rows``), and
-    the taps it holds in registers (``_Launch.taps``)."""
+    program, whether a program keeps shared input rows (``_Launch.reuse_rows``),
+    the taps it holds in registers (``_Launch.taps``), and whether it reads strided
+    columns in pairs (``_Launch.wide_strided_reads``)."""
 
     tile: int
     most_channels: int
     warps: int
     reuse_rows: bool = False
     taps: int = 16
+    wide_strided_reads: bool = False
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -155,6 +164,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         warps=cut.warps,
         reuse_rows=cut.reuse_rows,
         taps=cut.taps,
+        wide_strided_reads=cut.wide_strided_reads,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
@@ -405,7 +415,7 @@ def _tap_window(
     launch: _Launch,
     n: Any,
     i: Any,
-    cols: Any,
+    block: Any,
     in_chans: Any,
     di: Any,
     dj: int,
@@ -413,16 +423,38 @@ def _tap_window(
     *,
     masked_past_output: bool = False,
 ) -> jax.Array:
-    """The input tile tap ``(di, dj)`` reads for output row ``i`` and columns
-    ``cols``, on the output's lanes; zero past the last output row or column
-    where ``masked_past_output``: a filter gradient's infinite input there must
-    not meet the zero the output gradient reads there."""
+    """The input tile tap ``(di, dj)`` reads for output row ``i`` and the output
+    columns of column tile ``block``, on the output's lanes; zero past the last
+    output row or column where ``masked_past_output``: a filter gradient's
+    infinite input there must not meet the zero the output gradient reads there."""
     (sh, sw), (dh, dw) = conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    row, read_cols = i * sh - top + di * dh, cols * sw - left + dj * dw
-    wanted = (i < conv.out_size[0]) & (cols < conv.out_size[1]) if masked_past_output else True
-    tile = _read(x_ref, conv, launch, n, row, read_cols, in_chans, dtype, wanted=wanted)
+    row, offset = i * sh - top + di * dh, dj * dw - left
+    out_h, out_w = conv.out_size
+    if _reads_column_pairs(conv, launch):
+        # Output column c reads input column 2c + offset: of the pair of columns
+        # 2c + even, 2c + even + 1, with ``even`` the even number at or below
+        # ``offset``, the one at ``offset - even``. The run of pairs starts at an
+        # even column, as aligned as the tile, whichever the tap.
+        half = offset % 2
+        pairs = _kernels.lanes(block, 2 * launch.cols)  # 2c and 2c + 1, c in the tile
+        wanted = (i < out_h) & (pairs < 2 * out_w) if masked_past_output else True
+        tile = _read(
+            x_ref, conv, launch, n, row, pairs + (offset - half), in_chans, dtype, wanted=wanted
+        )
+        pair_tile = tile.reshape(launch.cols, 2, tile.shape[1])
+        tile = jnp.split(pair_tile, 2, axis=1)[half].reshape(launch.cols, tile.shape[1])
+        return _on_output_lanes(tile, conv)
+    cols = _kernels.lanes(block, launch.cols)
+    wanted = (i < out_h) & (cols < out_w) if masked_past_output else True
+    tile = _read(x_ref, conv, launch, n, row, cols * sw + offset, in_chans, dtype, wanted=wanted)
     return _on_output_lanes(tile, conv)
+
+
+def _reads_column_pairs(conv: Conv, launch: _Launch) -> bool:
+    """Whether windows are read as runs of column pairs (``_Launch.wide_strided_reads``):
+    in NCHW, whose columns are the minor axis, at column stride 2."""
+    return launch.wide_strided_reads and conv.nchw and conv.strides[1] == 2
 
 
 def _input_lanes(conv: Conv, launch: _Launch) -> jax.Array:
@@ -472,7 +504,8 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     dtype = _checks.compute_dtype(x_ref.dtype)
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
-    out_cols = _kernels.lanes(pl.program_id(2), launch.cols)
+    col_block = pl.program_id(2)
+    out_cols = _kernels.lanes(col_block, launch.cols)
     in_chans = _input_lanes(conv, launch)
     sh, dh = conv.strides[0], conv.dilations[0]
     fh, fw = conv.kernel
@@ -480,7 +513,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     zeros = jnp.zeros((launch.cols, launch.channels), dtype)
 
     def window(i: Any, di: Any, dj: int) -> jax.Array:
-        return _tap_window(x_ref, conv, launch, n, i, out_cols, in_chans, di, dj, dtype)
+        return _tap_window(x_ref, conv, launch, n, i, col_block, in_chans, di, dj, dtype)
 
     if taps.unrolled:
         # Output row i + 1's filter row di reads the input row that filter row
@@ -773,7 +806,7 @@ def _partials_kernel(
                     launch,
                     n,
                     first + r,
-                    cols,
+                    c,
                     in_chans,
                     di,
                     dj,
