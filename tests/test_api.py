@@ -134,6 +134,44 @@ def test_higher_derivatives_trace_each_op_once(ops, op, monkeypatch):
     assert traces(3) == traces(1) > 0
 
 
+@pytest.mark.parametrize(
+    ("ops", "op", "expected"),
+    [
+        (  # a filter made of x: the forward and both gradients
+            _depthwise_ops,
+            lambda x: jaxgrad.depthwise_conv2d(x, jnp.sin(x[0, :3, :3, :, None]), (1, 1), "SAME"),
+            [
+                "depthwise_conv2d",
+                "depthwise_conv2d_backprop_filter",
+                "depthwise_conv2d_backprop_input",
+            ],
+        ),
+        (  # the map and its transpose
+            _resample_ops,
+            lambda x: jaxgrad.resample(x, (1, 1.5, 1.5, 1), mode="linear"),
+            [False, True],
+        ),
+    ],
+    ids=["depthwise", "resample"],
+)
+def test_a_gradient_traces_each_op_once(ops, op, expected, monkeypatch):
+    # Differentiating a jitted call, JAX traces the custom VJP's forward rule in
+    # another context than the primal's (the same mesh, set where it was unset),
+    # and the rule's call of the op missed the primal's trace: the forward's
+    # arithmetic was traced twice. Each op is traced once, under jit and eagerly.
+    traced = []
+    run = ops._run
+    monkeypatch.setattr(ops, "_run", lambda *a, **k: traced.append(a) or run(*a, **k))
+    x = jnp.ones((1, 8, 8, 2))
+    loss = lambda x: jnp.sum(op(x) ** 2)  # noqa: E731
+    which = 0 if ops is _depthwise_ops else 2  # the op's name; resample's transpose flag
+    for gradient in (jax.jit(jax.grad(loss)).trace, jax.grad(loss)):
+        jax.clear_caches()
+        traced.clear()
+        gradient(x)
+        assert sorted(a[which] for a in traced) == expected
+
+
 @pytest.mark.parametrize("implementation", [None, pytest.param("pallas", marks=needs_kernels)])
 def test_gradients_through_checkpoint_scan_and_cond(implementation):
     # Training code wraps layers in jax.checkpoint (recomputed in the backward),

@@ -18,7 +18,7 @@ import jax
 from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _implementation, _sharding
+from jaxgrad import _checks, _compiled, _implementation, _sharding
 from jaxgrad._depthwise import _pallas, _partition, _xla
 from jaxgrad._depthwise._plan import (
     Conv,
@@ -470,12 +470,7 @@ def _backprop_filter_bwd(
 
 _backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)
 
-# What the public functions call: compiled once per static configuration, so that
-# an eager call runs one cached program instead of dispatching op by op; under an
-# outer jax.jit each is inlined like any nested jit. The VJP rules above call them
-# too: each op's backward calls the other two, whose backwards call it again, so a
-# derivative of order n would trace the arithmetic about 3**n times; a jit traces
-# each configuration once and reuses it.
-_compiled_conv = jax.jit(_conv, static_argnums=(2, 3))
-_compiled_backprop_input = jax.jit(_backprop_input, static_argnums=(2, 3))
-_compiled_backprop_filter = jax.jit(_backprop_filter, static_argnums=(2, 3))
+# What the public functions and the VJP rules above call (``_compiled.core``).
+_compiled_conv = _compiled.core(_conv, static_argnums=(2, 3))
+_compiled_backprop_input = _compiled.core(_backprop_input, static_argnums=(2, 3))
+_compiled_backprop_filter = _compiled.core(_backprop_filter, static_argnums=(2, 3))

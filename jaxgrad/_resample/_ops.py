@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from jaxgrad import _checks, _implementation, _sharding
+from jaxgrad import _checks, _compiled, _implementation, _sharding
 from jaxgrad._resample import _pallas, _partition, _plan, _xla
 from jaxgrad._resample._plan import Axis
 
@@ -330,12 +330,8 @@ def _resample_core_bwd(
 
 resample_core.defvjp(_resample_core_fwd, _resample_core_bwd)
 
-# What the public functions call: compiled once per static configuration, so that
-# an eager call runs one cached program instead of dispatching op by op; under an
-# outer jax.jit it is inlined like any nested jit. The VJP rules above call it too:
-# a derivative of order n would otherwise trace the arithmetic about 2**n times; a
-# jit traces each configuration once and reuses it.
-compiled_core = jax.jit(resample_core, static_argnums=(1, 2, 3))
+# What the public functions, resize and the VJP rules above call (``_compiled.core``).
+compiled_core = _compiled.core(resample_core, static_argnums=(1, 2, 3))
 
 
 # --------------------------------------------------------------------------------------
