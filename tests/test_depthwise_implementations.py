@@ -325,6 +325,23 @@ def test_programs_of_many_rows(case, data_format, monkeypatch):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10, err_msg=name)
 
 
+def under_both_launches(monkeypatch, field, ops, data_format, x, f, dy):
+    """Each op's result (``run_ops``) under the kernels' launches with ``field``
+    set False, then True, keyed by that value; and every launch given."""
+    chosen, given = _pallas._launch, []
+
+    def launch(*args, value):
+        given.append(dataclasses.replace(chosen(*args), **{field: value}))
+        return given[-1]
+
+    got = {}
+    for value in (False, True):
+        jax.clear_caches()  # no kernel traced under the other launch is reused
+        monkeypatch.setattr(_pallas, "_launch", functools.partial(launch, value=value))
+        got[value] = run_ops(ops, data_format, x, f, dy)
+    return got, given
+
+
 @needs_kernels
 @pytest.mark.parametrize(
     # The layouts by turns: the rows kept are the same in both.
@@ -360,19 +377,8 @@ def test_rows_kept_in_registers_change_no_bits(
     (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
     x64[0, 13, 2, 1] = np.inf
     x = x.at[(0, 13, 2, 1) if data_format == "NHWC" else (0, 1, 13, 2)].set(jnp.inf)
-    chosen, given = _pallas._launch, []
-
-    def launch(*args, reuse_rows):
-        given.append(dataclasses.replace(chosen(*args), reuse_rows=reuse_rows))
-        return given[-1]
-
-    got = {}
-    for reuse_rows in (False, True):
-        jax.clear_caches()  # no kernel traced under the other launch is reused
-        monkeypatch.setattr(_pallas, "_launch", functools.partial(launch, reuse_rows=reuse_rows))
-        got[reuse_rows] = run_ops(
-            three_ops(cfg, data_format, implementation="pallas"), data_format, x, f, dy
-        )
+    ops = three_ops(cfg, data_format, implementation="pallas")
+    got, given = under_both_launches(monkeypatch, "reuse_rows", ops, data_format, x, f, dy)
     assert {launch.reuse_rows for launch in given} == {False, True}
     assert all(launch.rows > 1 for launch in given)
     for name in ("forward", "backprop_input"):
@@ -406,19 +412,9 @@ def test_strided_columns_read_in_pairs_change_no_bits(kernel, dilations, padding
     (x, f, dy), (x64, f64, dy64) = operands(cfg, "NCHW", jnp.float32, seed=m)
     x64[1, 3, 14, 2] = np.inf
     x = x.at[1, 2, 3, 14].set(jnp.inf)
-    chosen, given = _pallas._launch, []
-
-    def launch(*args, wide):
-        given.append(dataclasses.replace(chosen(*args), wide_strided_reads=wide))
-        return given[-1]
-
-    got = {}
-    for wide in (False, True):
-        jax.clear_caches()  # no kernel traced under the other launch is reused
-        monkeypatch.setattr(_pallas, "_launch", functools.partial(launch, wide=wide))
-        ops = three_ops(cfg, "NCHW", implementation="pallas")
-        del ops["backprop_input"]  # it reads the output gradient, not strided windows
-        got[wide] = run_ops(ops, "NCHW", x, f, dy)
+    ops = three_ops(cfg, "NCHW", implementation="pallas")
+    del ops["backprop_input"]  # it reads the output gradient, not strided windows
+    got, given = under_both_launches(monkeypatch, "wide_strided_reads", ops, "NCHW", x, f, dy)
     assert {launch.wide_strided_reads for launch in given} == {False, True}
     wants = references(cfg, x64, f64, dy64)
     for name in ("forward", "backprop_filter"):
