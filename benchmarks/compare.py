@@ -76,16 +76,30 @@ def kernels_from(family: str, kernels: ModuleType) -> Iterator[None]:
         yield
 
 
+def lowered(fn: Callable, args: tuple, platforms: tuple[str, ...] | None = None) -> Any:
+    """``fn`` lowered for ``args`` (for ``platforms``; default: the backend's), with
+    no source locations in its program. A GPU program holds its kernels' Triton
+    code, locations included: a file whose lines sit elsewhere than the library's
+    (a line added above a kernel, or another path) would otherwise give another
+    program for the same kernels. JAX's caches are cleared first: the ops' traces
+    would otherwise outlive a swap of kernels."""
+    jax.clear_caches()
+    limit = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=platforms)
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", limit)
+
+
 def compiled(fn: Callable, args: tuple) -> tuple[Callable[[], Any], list[np.ndarray], str]:
     """``fn`` compiled for ``args``, as a call; its results; and its program, as
-    benchmarks/gpu.py compares programs (canonical StableHLO). JAX's caches are
-    cleared first: the ops' traces would otherwise outlive a swap of kernels."""
-    jax.clear_caches()
-    lowered = jax.jit(fn).lower(*args)
-    program = lowered.compile()
+    benchmarks/gpu.py compares programs (canonical StableHLO)."""
+    lowering = lowered(fn, args)
+    program = lowering.compile()
     out = jax.block_until_ready(program(*args))
     results = [np.asarray(leaf) for leaf in jax.tree.leaves(out)]
-    return partial(program, *args), results, gpu.canonical(lowered.compiler_ir("stablehlo"))
+    return partial(program, *args), results, gpu.canonical(lowering.compiler_ir("stablehlo"))
 
 
 def compare(family: str, kernels: ModuleType, op: tune.Op, rounds: int) -> dict:

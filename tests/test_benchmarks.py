@@ -135,6 +135,34 @@ def test_compare_times_the_given_kernels_against_the_librarys(tmp_path, monkeypa
     assert "| library / file |" in table and "| lax |" in table and "| no |" in table
 
 
+@needs_kernels
+def test_compare_sees_the_same_gpu_program_where_only_lines_moved(tmp_path, monkeypatch):
+    """A program lowered for a GPU holds its kernels' Triton code with their source
+    locations: ``benchmarks/compare.py`` leaves them out, so a file that differs
+    from the library's only in where its lines sit (lines added at its top, another
+    path) gives the same program, and the case is timed once, not twice."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import compare
+    import gpu
+    import tune
+
+    from jaxgrad._depthwise import _pallas
+
+    path = tmp_path / "moved.py"
+    path.write_text("# two lines\n# added\n" + pathlib.Path(_pallas.__file__).read_text())
+    [(_, _, build)] = [c for c in tune.CASES["depthwise"](True) if c[1] == "forward"]
+    fn, args, _ = build()["forward"]
+
+    def program() -> str:
+        return gpu.canonical(compare.lowered(fn, args, ("cuda",)).compiler_ir("stablehlo"))
+
+    library = program()
+    with compare.kernels_from("depthwise", compare.load(str(path), "depthwise")):
+        moved = program()
+    assert "xla.gpu.triton" in library  # the kernels' code is in the program
+    assert moved == library
+
+
 def test_tables_name_the_cpu_and_the_vector_extensions_its_kernels_use(monkeypatch):
     """A table records the CPU's model and the extensions PyTorch picks its CPU
     kernels by (without AVX-512 its bfloat16 convolutions bypass oneDNN, far
