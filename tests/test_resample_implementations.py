@@ -400,12 +400,20 @@ def test_default_takes_the_kernel_where_xla_falls_short_on_cuda(patch):
     assert TRITON_CALL not in lowered(None, "cuda", mode="nearest", grad=True)
     assert TRITON_CALL not in lowered(None, "cuda", dtype=jnp.float64)
     # Nearest neighbour in half precision, forward and gradient: the kernel (but
-    # for a gradient along the last axis, below).
+    # for a gradient along the last axis, below), except a forward that shrinks
+    # every axis it resamples.
     for dtype in (jnp.bfloat16, jnp.float16):
-        assert TRITON_CALL in lowered(None, "cuda", mode="nearest", dtype=dtype)
+        for scales in [(1, 1, 2, 2), (1, 1, 2, 0.5), (1, 1.5, 1, 1)]:
+            assert TRITON_CALL in lowered(None, "cuda", mode="nearest", dtype=dtype, scales=scales)
         assert TRITON_CALL in lowered(
             None, "cuda", mode="nearest", dtype=dtype, grad=True, scales=(1, 2, 2, 1)
         )
+        assert TRITON_CALL in lowered(
+            None, "cuda", mode="nearest", dtype=dtype, grad=True, scales=(1, 0.5, 0.5, 1)
+        )
+        for scales in [(1, 1, 0.5, 0.5), (1, 1, 1, 0.5), (1, 0.5, 0.7, 1)]:
+            got = lowered(None, "cuda", mode="nearest", dtype=dtype, scales=scales)
+            assert TRITON_CALL not in got, scales
     # Linear maps XLA compiles into one pass: one axis resampled, forwards that
     # shrink every axis, float32 gradients of two axes each by 2 or 1/k.
     one_axis = [(1, 1, 1.5, 1), (1, 1.5, 1, 1), (1, 1, 1, 3)]
