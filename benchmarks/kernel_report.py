@@ -2,7 +2,7 @@
 
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
-                                       [--reuse-rows] [--taps N] [--wide-strided-reads]
+                                       [--reuse-rows] [--taps N]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -26,9 +26,6 @@ first row shares are read once before the loop, so the count barely moves while
 the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three).
 ``--taps N`` lets every depthwise kernel hold up to ``N`` filter taps in registers
 (``_Launch.taps``): what unrolling a larger filter costs in registers.
-``--wide-strided-reads`` makes the NCHW forward and filter gradient at column
-stride 2 read their windows as runs of column pairs (``_Launch.wide_strided_reads``),
-in wider loads than every other column read alone.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -286,11 +283,6 @@ def main() -> None:
         type=int,
         help="the filter taps every depthwise kernel holds in registers at most",
     )
-    parser.add_argument(
-        "--wide-strided-reads",
-        action="store_true",
-        help="the depthwise kernels read NCHW windows at column stride 2 as runs of column pairs",
-    )
     args = parser.parse_args()
     try:
         import triton
@@ -312,8 +304,6 @@ def main() -> None:
         imposed = {"reuse_rows": True} if args.reuse_rows else {}
         if args.taps is not None:
             imposed["taps"] = args.taps
-        if args.wide_strided_reads:
-            imposed["wide_strided_reads"] = True
         if imposed:
             chosen = depthwise_kernels._launch
 

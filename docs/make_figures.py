@@ -329,6 +329,8 @@ def benchmark_script(name: str) -> Any:
 GPU_TABLE = re.compile(r"(<!-- gpu table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
 # The launch searches' table, which benchmarks/tune.py renders itself.
 TUNE_TABLE = re.compile(r"(<!-- tune table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
+# A change timed against the library's kernels, which benchmarks/compare.py renders.
+COMPARE_TABLE = re.compile(r"(<!-- compare table: (\w+) -->\n).*?(<!-- end table -->)", re.DOTALL)
 
 
 def gpu_tables(data: dict) -> str:
@@ -341,10 +343,18 @@ def tune_table(data: dict) -> str:
     return benchmark_script("tune").render(data["rows"])  # type: ignore[no-any-return]
 
 
+def compare_table(data: dict) -> str:
+    """The table ``benchmarks/compare.py`` prints for the run in ``data``."""
+    return benchmark_script("compare").render(data["rows"])  # type: ignore[no-any-return]
+
+
 def performance_page(text: str) -> str:
     """The page with every marked table re-rendered from its benchmark's JSON."""
     text = TABLE.sub(lambda m: m[1] + performance_table(load_benchmark(m[2])) + "\n" + m[3], text)
     text = GPU_TABLE.sub(lambda m: m[1] + gpu_tables(load_benchmark(m[2])) + "\n" + m[3], text)
+    text = COMPARE_TABLE.sub(
+        lambda m: m[1] + compare_table(load_benchmark(m[2])) + "\n" + m[3], text
+    )
     return TUNE_TABLE.sub(lambda m: m[1] + tune_table(load_benchmark(m[2])) + "\n" + m[3], text)
 
 

@@ -120,13 +120,19 @@ class _Cut:
 # the searches). Loads are coalesced along the array's minor axis, channels in NHWC
 # and columns in NCHW, so that axis gets the wide side of the tile. The filter
 # gradient keeps its rows: it holds no taps, so the kept windows fit beside its sums.
+# The NCHW forward and filter gradient read strided columns in pairs: timed against
+# every other column read alone, the wide loads paid for the registers they take.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("filter", "NHWC"): _Cut(tile=512, most_channels=64, warps=8, reuse_rows=True),
-    ("forward", "NCHW"): _Cut(tile=1024, most_channels=8, warps=4, reuse_rows=True),
+    ("forward", "NCHW"): _Cut(
+        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
+    ),
     ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4),
-    ("filter", "NCHW"): _Cut(tile=1024, most_channels=8, warps=4, reuse_rows=True),
+    ("filter", "NCHW"): _Cut(
+        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
+    ),
 }
 # The cuts for a filter of more taps than its kernel's cut above holds, up to the
 # taps these hold (a 5x5 filter), where a search found one: the forward and the
