@@ -57,10 +57,10 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
     assert "| default / roofline |" in result.stdout
     # Each timed row keeps what it cost, compiles included: the rows of a section
-    # add up to at most the section's wall time.
+    # add up to at most the section's wall time (kept to a tenth of a second).
     for section in ("speed", "resample_speed"):
         seconds = [row["seconds"] for row in results[section]]
-        assert all(s > 0 for s in seconds) and sum(seconds) <= results["seconds"][section]
+        assert all(s > 0 for s in seconds) and sum(seconds) <= results["seconds"][section] + 0.05
 
 
 @needs_kernels
