@@ -2,7 +2,7 @@
 
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
-                                       [--reuse-rows] [--taps N]
+                                       [--reuse-rows] [--taps N] [--read-ahead]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -26,6 +26,9 @@ first row shares are read once before the loop, so the count barely moves while
 the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three).
 ``--taps N`` lets every depthwise kernel hold up to ``N`` filter taps in registers
 (``_Launch.taps``): what unrolling a larger filter costs in registers.
+``--read-ahead`` makes every depthwise kernel read its next row before it computes
+the current one (``_Launch.read_ahead``): what holding a row's tiles a step longer
+costs in registers.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -283,6 +286,11 @@ def main() -> None:
         type=int,
         help="the filter taps every depthwise kernel holds in registers at most",
     )
+    parser.add_argument(
+        "--read-ahead",
+        action="store_true",
+        help="the depthwise kernels read their next row before they compute the current one",
+    )
     args = parser.parse_args()
     try:
         import triton
@@ -304,6 +312,8 @@ def main() -> None:
         imposed = {"reuse_rows": True} if args.reuse_rows else {}
         if args.taps is not None:
             imposed["taps"] = args.taps
+        if args.read_ahead:
+            imposed["read_ahead"] = True
         if imposed:
             chosen = depthwise_kernels._launch
 

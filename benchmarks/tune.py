@@ -1,7 +1,8 @@
 """Which launch of each Pallas kernel is fastest on this GPU: a search, not a change.
 
     python benchmarks/tune.py [--family depthwise resample] [--cases SUBSTRING ...]
-                              [--ops forward ...] [--json tune.json] [--smoke]
+                              [--ops forward ...] [--groups GROUP ...]
+                              [--json tune.json] [--smoke]
 
 The kernels cut their work by a launch: a tile of ``columns x channels``, the
 rows one program owns, and the warps that run it (``_launch`` in
@@ -14,13 +15,17 @@ unrolled at 32, looped over or cut into groups at 16), then whether a program ke
 the input rows that consecutive rows share in registers (``reuse_rows``: fewer
 loads, more registers), then whether an NCHW forward or filter gradient at column
 stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
-loads, twice the columns read; elsewhere the same program); the tile (each side
+loads, twice the columns read; elsewhere the same program), then whether a program
+reads its next row before it computes the current one (``read_ahead``: loads in
+flight during the arithmetic, more registers); the tile (each side
 halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
 each thread's share of the tile and so its registers; then the rows (a quarter to
-four times). A coordinate search: about 36 compiles per op instead of every
-combination's 1620. Every case of both families is well over two thousand
+four times). A coordinate search: about 37 compiles per op instead of every
+combination's 3240. Every case of both families is well over two thousand
 compiles, so pick cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC
-bfloat16" --ops backprop_filter``). The depthwise
+bfloat16" --ops backprop_filter``), and groups with ``--groups``: ``--groups "read
+ahead"`` times the current launch against the one that differs in that option
+alone, two compiles per op, which is how to try an option on a GPU. The depthwise
 ``backward`` is the forward op's backward, both gradients: each candidate is given
 to both of its kernels, so a launch for each is searched through the gradient ops
 themselves.
@@ -73,10 +78,11 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # kernels hold in registers (a filter of more taps loads them where it uses them, or
 # sums them in groups of programs); whether they keep the input rows that
 # consecutive rows share in registers (fewer loads, more registers); whether they
-# read strided NCHW columns in pairs (wider loads, twice the columns); the tile and
-# the warps together (their ratio is the elements each thread holds, hence its
+# read strided NCHW columns in pairs (wider loads, twice the columns); whether they
+# read a row ahead (loads in flight during the arithmetic, more registers); the tile
+# and the warps together (their ratio is the elements each thread holds, hence its
 # registers); then the rows.
-GROUPS = ("taps", "rows kept", "strided reads", "tile and warps", "rows")
+GROUPS = ("taps", "rows kept", "strided reads", "read ahead", "tile and warps", "rows")
 WARPS = (2, 4, 8)
 
 
@@ -101,7 +107,16 @@ def launches(module: Any, fields: dict[str, int] | None = None) -> Iterator[list
 
 
 def fields_of(launch: Any) -> dict[str, int]:
-    names = ("cols", "channels", "rows", "warps", "reuse_rows", "taps", "wide_strided_reads")
+    names = (
+        "cols",
+        "channels",
+        "rows",
+        "warps",
+        "reuse_rows",
+        "taps",
+        "wide_strided_reads",
+        "read_ahead",
+    )
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
 
@@ -116,6 +131,8 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     elif group == "strided reads":
         wide = "wide_strided_reads" in best
         options = [{"wide_strided_reads": w} for w in (False, True)] if wide else [{}]
+    elif group == "read ahead":
+        options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
@@ -137,6 +154,7 @@ def label(fields: dict[str, int]) -> str:
     tile = f"{fields['cols']}x{fields['channels']}"
     kept = ", rows kept" if fields.get("reuse_rows") else ""
     kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
+    kept += ", rows read ahead" if fields.get("read_ahead") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""
     return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 
@@ -294,15 +312,16 @@ def candidate(
     return {"launch": given, "call": call, "agrees": agrees(got, want, dtype)}
 
 
-def search(module: Any, op: Op, rounds: int, smoke: bool) -> dict:
-    """The current launch of ``op``'s kernels, the best one found, every candidate,
-    and the times of the op's peers beside the two launches."""
+def search(module: Any, op: Op, rounds: int, smoke: bool, groups: tuple[str, ...] = GROUPS) -> dict:
+    """The current launch of ``op``'s kernels, the best one found in ``groups``
+    (searched in order), every candidate, and the times of the op's peers beside
+    the two launches."""
     fn, args, peers = op
     dtype = args[0].dtype
     call, want, current = compiled(module, fn, args)
     tried = {label(current): {"launch": current, "call": call, "agrees": True}}
     best = current
-    for group in GROUPS:
+    for group in groups:
         options = neighbours(best, group)
         if smoke:  # the current launch and one other: the code path, not the answer
             options = [best, *[o for o in options if o != best][:1]]
@@ -403,6 +422,13 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=10, help="timed rounds per candidate (median)"
     )
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        choices=GROUPS,
+        default=list(GROUPS),
+        help="only these groups of parameters, in the search's order (default: all)",
+    )
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny case per family on the CPU: checks the script"
@@ -428,7 +454,8 @@ def main() -> None:
             if args.ops and op not in args.ops:
                 continue
             row = {"family": family, "case": case, "op": op}
-            row.update(search(FAMILIES[family], build()[op], args.rounds, args.smoke))
+            groups = tuple(g for g in GROUPS if g in args.groups)
+            row.update(search(FAMILIES[family], build()[op], args.rounds, args.smoke, groups))
             results["rows"].append(row)
             save()
             peers = "".join(f", {name} {ms:.3f} ms" for name, ms in row["peers_ms"].items())

@@ -89,7 +89,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
         # One other launch per group of parameters the family's kernels have, each
         # different: the patch took effect.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        assert len(groups) == {"depthwise": 5, "resample": 2}[row["family"]]
+        assert len(groups) == {"depthwise": 6, "resample": 2}[row["family"]]
         assert len({tuple(sorted(launch.items())) for launch in launches}) == 1 + len(groups)
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
@@ -98,6 +98,26 @@ def test_tune_smoke(tmp_path, monkeypatch):
         assert row["peers_ms"][jax_peer] > 0
         assert any(name.startswith("torch") for name in row["peers_ms"]) == has_torch
     assert "| current launch |" in result.stdout and f"| {jax_peer} |" in result.stdout
+
+
+@needs_kernels
+def test_tune_searches_only_the_groups_asked_for(monkeypatch):
+    """``--groups`` narrows a search to some groups of parameters: with "read ahead"
+    alone, the current launch and the one that differs from it in that option
+    alone are timed, and the final row times the faster against the current."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    [(_, _, build)] = [c for c in tune.CASES["depthwise"](True) if c[1] == "backprop_filter"]
+    row = tune.search(
+        tune.FAMILIES["depthwise"], build()["backprop_filter"], 1, True, ("read ahead",)
+    )
+    launches = [c["launch"] for c in row["candidates"]]
+    assert len(launches) == 2 and row["best"] in launches
+    current, other = launches
+    assert current == row["current"] and not current["read_ahead"]
+    assert other == {**current, "read_ahead": True}
+    assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
 
 
 @needs_kernels

@@ -393,6 +393,44 @@ def test_rows_kept_in_registers_change_no_bits(
 
 @needs_kernels
 @pytest.mark.parametrize(
+    ("kernel", "strides", "dilations", "padding", "data_format"),
+    [
+        # Rows read where they are used (the NHWC forward and input gradient) and
+        # rows kept (the filter gradient; the NCHW forward).
+        ((3, 3), (1, 1), (1, 1), "SAME", "NHWC"),
+        ((3, 3), (1, 1), (1, 1), "SAME", "NCHW"),
+        # Strided: the input gradient's phases and its branch over rows; the NCHW
+        # forward and filter gradient read column pairs.
+        ((3, 2), (2, 2), (2, 1), "SAME", "NCHW"),
+        # More taps than the usual cut holds: the filter gradient's groups of rows.
+        ((5, 4), (1, 1), (1, 1), "VALID", "NHWC"),
+    ],
+)
+def test_rows_read_ahead_change_no_bits(
+    kernel, strides, dilations, padding, data_format, monkeypatch
+):
+    # A launch may read a program's next row before it computes the current one.
+    # The same products are summed in the same order: the forward and the input
+    # gradient give the same bits either way. So does the filter gradient here, in
+    # interpret mode; on a GPU its sum across a tile's columns follows the
+    # registers' layout, so it is checked against float64 under both launches.
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
+    cfg = make_cfg((2, 11, 7, 3), (*kernel, 3, 2), strides, dilations, padding)
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(kernel))
+    ops = three_ops(cfg, data_format, implementation="pallas")
+    got, given = under_both_launches(monkeypatch, "read_ahead", ops, data_format, x, f, dy)
+    assert {launch.read_ahead for launch in given} == {False, True}
+    assert all(launch.rows > 1 for launch in given)
+    for name in ("forward", "backprop_input"):
+        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
+    for name, want in references(cfg, x64, f64, dy64).items():
+        for ahead, results in got.items():
+            message = f"{name}, rows read ahead: {ahead}"
+            assert relative_error(results[name], want) < 1e-6, message
+
+
+@needs_kernels
+@pytest.mark.parametrize(
     ("kernel", "dilations", "padding", "m"),
     [
         ((3, 3), (1, 1), "SAME", 1),  # taps at columns 2c - 1, 2c, 2c + 1: both halves

@@ -75,6 +75,13 @@ class _Launch:
     # (an arange plus an offset) in wide loads. Whether the wider reads pay for
     # the registers the pairs take is measured per kernel (``_CUTS``).
     wide_strided_reads: bool = False
+    # Whether a program reads the tiles of its next row before it computes the
+    # current one, holding them in registers until then. A warp waits for a load
+    # where its value is first used, not where it is issued: reading a row ahead
+    # keeps one row's loads in flight while the previous row's products run,
+    # where otherwise each row's loads wait for the row before to finish. Whether
+    # that pays for the registers the tiles take is measured per kernel (``_CUTS``).
+    read_ahead: bool = False
 
     def call(
         self,
@@ -105,7 +112,8 @@ class _Cut:
     channels the tile spans at most (the columns get the rest), the warps of a
     program, whether a program keeps shared input rows (``_Launch.reuse_rows``),
     the taps it holds in registers (``_Launch.taps``), and whether it reads strided
-    columns in pairs (``_Launch.wide_strided_reads``)."""
+    columns in pairs (``_Launch.wide_strided_reads``), and whether it reads a row
+    ahead (``_Launch.read_ahead``)."""
 
     tile: int
     most_channels: int
@@ -113,6 +121,7 @@ class _Cut:
     reuse_rows: bool = False
     taps: int = 16
     wide_strided_reads: bool = False
+    read_ahead: bool = False
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -171,6 +180,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         reuse_rows=cut.reuse_rows,
         taps=cut.taps,
         wide_strided_reads=cut.wide_strided_reads,
+        read_ahead=cut.read_ahead,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
@@ -372,19 +382,27 @@ def _row_loop(
     reused: list[int | None],
     body: Callable[[Any, Callable[[int], Any], Any], Any],
     carry: Any,
+    *,
+    ahead: bool,
 ) -> Any:
     """``carry = body(r, item, carry)`` for ``r`` in ``range(rows)``, where
     ``item(k)`` is item ``k`` of row ``r``: ``reads[k](r)`` (a tile, or a list of
     them), read where ``body`` first asks for it, so that a loop without reuse
     holds a tile only from its read to its use; or, where ``reused[k]`` is not
     None, item ``reused[k]`` of row ``r - 1``, kept in registers rather than read
-    again. Before the loop, the kept items are read as row 0 uses them."""
+    again. Before the loop, the kept items are read as row 0 uses them.
+
+    Where ``ahead`` (``_Launch.read_ahead``), a row's own items are read one step
+    early, before row ``r - 1``'s ``body``, and carried to row ``r``; the last
+    row reads its own items again for the row after it, cached and unused."""
     kept = sorted({j for j in reused if j is not None})
+    own = [k for k, j in enumerate(reused) if j is None] if ahead else []
     before_first = {j: reads[k](0) for k, j in enumerate(reused) if j is not None}
 
-    def step(r: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
-        previous, carry = state
-        read: dict[int, Any] = {}
+    def step(r: Any, state: tuple[list[Any], list[Any], Any]) -> tuple[list[Any], list[Any], Any]:
+        previous, early, carry = state
+        following = [reads[k](jnp.minimum(r + 1, rows - 1)) for k in own]
+        read: dict[int, Any] = dict(zip(own, early, strict=True))
 
         def item(k: int) -> Any:
             j = reused[k]
@@ -395,9 +413,10 @@ def _row_loop(
             return read[k]
 
         carry = body(r, item, carry)
-        return [item(j) for j in kept], carry
+        return [item(j) for j in kept], following, carry
 
-    _, carry = lax.fori_loop(0, rows, step, ([before_first[j] for j in kept], carry))
+    first = [reads[k](0) for k in own]
+    _, _, carry = lax.fori_loop(0, rows, step, ([before_first[j] for j in kept], first, carry))
     return carry
 
 
@@ -537,7 +556,8 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
             return carry
 
         reads = [read(t) for t in range(fh * fw)]
-        _row_loop(launch.rows, reads, _shared_taps(launch, fh, fw, shift), sum_row, None)
+        shared = _shared_taps(launch, fh, fw, shift)
+        _row_loop(launch.rows, reads, shared, sum_row, None, ahead=launch.read_ahead)
         return
 
     # More taps than registers hold: the taps are loaded where they are used, in a
@@ -729,7 +749,8 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
             # reaches this phase too.
             sources = [shared[t] for t in reaching]
             reused = [None if j is None else reaching.index(j) for j in sources]
-            _row_loop(launch.rows, [read(t) for t in reaching], reused, sum_row, None)
+            reads = [read(t) for t in reaching]
+            _row_loop(launch.rows, reads, reused, sum_row, None, ahead=launch.read_ahead)
             return
 
         # More taps than registers hold: the taps are loaded where they are used,
@@ -837,7 +858,8 @@ def _partials_kernel(
             rows = jnp.minimum(launch.rows, conv.out_size[0] - first)
             shared = _shared_taps(launch, (stop - start) // fw, fw, shift)
             reused = [None, *(None if k is None else 1 + k for k in shared)]
-            return _row_loop(rows, reads(c), reused, add_row, sums)  # type: ignore[no-any-return]
+            loop = _row_loop(rows, reads(c), reused, add_row, sums, ahead=launch.read_ahead)
+            return loop  # type: ignore[no-any-return]
 
         def col_tiles_of_row(r: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
             def col_tile(c: Any, sums: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
