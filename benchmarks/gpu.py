@@ -12,7 +12,10 @@ peers', one at a time).
 ``--sections``, ``--cases``, ``--dtypes``, ``--layouts`` and ``--skip-xla-timing``
 cut a run into parts that fit a time limit; each section's seconds, and each
 timed row's (its compiles included), are printed and kept in the JSON, so that a
-run shows where its minutes go. It prints (and writes as JSON):
+run shows where its minutes go, with a row's seconds divided into phases
+(jaxgrad's programs, the float64 references, the checks, PyTorch's operands, the
+peers and the timed rounds) and summed by phase under the tables. It prints (and
+writes as JSON):
 
 1. The machine: device, driver, and the versions of JAX, jaxlib, PyTorch, Triton.
 2. Reproducibility: tests/determinism_check.py --size large in three fresh
@@ -239,16 +242,29 @@ def same_programs(calls: dict[Hashable, Callable[[], Any]]) -> dict[Hashable, Ha
 
 class Stopwatch:
     """Wall seconds between laps: what each timed row of a run cost, compiles
-    included, so that a run shows where its minutes go."""
+    included, so that a run shows where its minutes go; and, within a lap, the
+    seconds of each named phase (``phase``)."""
 
     def __init__(self) -> None:
         self._last = time.perf_counter()
+        self._phases: dict[str, float] = {}
 
-    def lap(self) -> float:
-        """The seconds since the last lap (or the start)."""
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Counts the block's seconds to the phase ``name`` of the current lap."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - start
+
+    def lap(self) -> tuple[float, dict[str, float]]:
+        """The seconds since the last lap (or the start), and those of each phase
+        among them."""
         now = time.perf_counter()
         seconds, self._last = now - self._last, now
-        return seconds
+        phases, self._phases = self._phases, {}
+        return seconds, phases
 
 
 def rounds_ms(calls: dict[str, Callable[[], Any]], rounds: int, per_round: int = 10) -> dict:
@@ -592,7 +608,10 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
     jaxgrad's programs of a case, layout and dtype compile first (side by side:
     ``first_results``), then each op's peers one at a time, as they are timed. A
     speed row's ``seconds`` are the wall time since the row before it: the first
-    op's of a case, layout and dtype hold jaxgrad's compiles and checks too."""
+    op's of a case, layout and dtype hold jaxgrad's compiles and checks too, and
+    its ``phases`` say how they divide: jaxgrad's programs (compiled and run
+    once), the float64 references, the checks, PyTorch's operands, and the peers'
+    compiles with the timed rounds."""
     since = Stopwatch()
     for name, (n, h, w, c), (fh, fw, m), stride in CASES:
         x = rng.normal(size=(n, h, w, c)).astype(np.float32)
@@ -605,7 +624,8 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
             for fmt in LAYOUTS
         }
         for dtype in DTYPES:
-            theirs = torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
+            with since.phase("PyTorch's operands"):
+                theirs = torch_ops(torch, x, f, dy, stride, dtype) if torch else {}
             for fmt in LAYOUTS:
                 xj, fj, dyj = (
                     jnp.asarray(in_layout(x, fmt), dtype),
@@ -618,14 +638,19 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                         jaxgrad_ops(fmt, xj.shape, fj.shape, stride, impl), xj, fj, dyj
                     ):
                         ours[op, label] = partial(fn, *args)
-                results = first_results(ours)
+                with since.phase("jaxgrad's programs"):
+                    results = first_results(ours)
                 # The reference sees the rounded operands: only the computation's error remains.
-                want = {
-                    op: float64_result(fn, *args)
-                    for op, fn, args in _named(references[fmt], xj, fj, dyj)
-                    if op != "backward"  # checked against the two gradient ops
-                }
-                for row in checked(results, want, _parts, case=name, layout=fmt, dtype=dtype):
+                with since.phase("float64 references"):
+                    want = {
+                        op: float64_result(fn, *args)
+                        for op, fn, args in _named(references[fmt], xj, fj, dyj)
+                        if op != "backward"  # checked against the two gradient ops
+                    }
+                with since.phase("checks"):
+                    where = dict(case=name, layout=fmt, dtype=dtype)
+                    rows = list(checked(results, want, _parts, **where))
+                for row in rows:
                     yield "correctness", row
                 del results, want  # the device memory the timings may need
                 peer = lax_ops(fmt, c, m, stride)
@@ -641,7 +666,8 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     calls["lax"] = partial(peer[op], *lax_args)
                     for memory, ops in theirs.items():
                         calls[f"torch {memory}"] = ops[op]
-                    ms = rounds_ms(calls, rounds)
+                    with since.phase("peers and rounds"):
+                        ms = rounds_ms(calls, rounds)
                     torch_ms = min(
                         (v for k, v in ms.items() if k.startswith("torch") and not math.isnan(v)),
                         default=None,
@@ -661,7 +687,7 @@ def speed(rng: np.random.Generator, bandwidth: float, rounds: int, torch: Any) -
                     ]
                     best_peer = min(peers, default=math.nan)
                     row["default_over_best_peer"] = ms["jaxgrad default"] / best_peer
-                    row["seconds"] = since.lap()
+                    row["seconds"], row["phases"] = since.lap()
                     print(
                         f"  {name:<28} {fmt} {dtype:<8} {op:<16} roof {roof:.3f}  "
                         + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
@@ -845,7 +871,7 @@ def resample_speed(
     (``float64_result``), and ``("resample_speed", row)``, the times of one op. jaxgrad's
     programs of a case and dtype compile first (``first_results``), then the
     peers one at a time. A speed row's ``seconds`` are the wall time since the row
-    before it, as in the depthwise section."""
+    before it, and its ``phases`` how they divide, as in the depthwise section."""
     since = Stopwatch()
     for layout, shape, axes, mode, scale in resample_cases(smoke, only):
         scales, out = resample_shapes(shape, axes, scale)
@@ -861,21 +887,25 @@ def resample_speed(
                 for label, impl in IMPLEMENTATIONS.items()
                 for op in ("forward", "backward")
             }
-            results = first_results(ours)
+            with since.phase("jaxgrad's programs"):
+                results = first_results(ours)
             # The reference sees the rounded operands: only the computation's error remains.
-            want = {op: float64_result(reference[op], operand) for op, operand in args.items()}
-            case = f"{layout} {mode} {scale}x"
-            for row in checked(results, want, case=case, dtype=dtype):
+            with since.phase("float64 references"):
+                want = {op: float64_result(reference[op], operand) for op, operand in args.items()}
+            with since.phase("checks"):
+                rows = list(checked(results, want, case=f"{layout} {mode} {scale}x", dtype=dtype))
+            for row in rows:
                 yield "resample_correctness", row
             del results, want  # the device memory the timings may need
             theirs = {}
             if torch is not None:
-                tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-                tx, tdy = (
-                    torch.tensor(np.asarray(a, np.float32)).to(TORCH_DEVICE, tdtype)
-                    for a in (x, dy)
-                )
-                theirs = torch_resample(torch, tx, tdy, axes, out, scale, mode)
+                with since.phase("PyTorch's operands"):
+                    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+                    tx, tdy = (
+                        torch.tensor(np.asarray(a, np.float32)).to(TORCH_DEVICE, tdtype)
+                        for a in (x, dy)
+                    )
+                    theirs = torch_resample(torch, tx, tdy, axes, out, scale, mode)
             peer = image_resize(shape, out, mode)
             for op in ("forward", "backward"):
                 calls = {f"jaxgrad {label}": ours[op, label] for label in IMPLEMENTATIONS}
@@ -884,7 +914,8 @@ def resample_speed(
                 )
                 if theirs:
                     calls["torch"] = theirs[op]
-                ms = rounds_ms(calls, rounds)
+                with since.phase("peers and rounds"):
+                    ms = rounds_ms(calls, rounds)
                 roof = 1e3 * nbytes(x, dy) / bandwidth
                 row = dict(
                     case=name,
@@ -895,7 +926,7 @@ def resample_speed(
                     **ms,
                 )
                 row["default_over_roofline"] = ms["jaxgrad default"] / roof
-                row["seconds"] = since.lap()
+                row["seconds"], row["phases"] = since.lap()
                 print(
                     f"  {row['case']:<36} {dtype:<8} {op:<8} roof {roof:.3f}  "
                     + "  ".join(f"{k} {v:.3f}" for k, v in ms.items())
@@ -1010,6 +1041,14 @@ def render(results: dict) -> str:
     if "seconds" in results:
         took = ", ".join(f"{key} {value:.0f} s" for key, value in results["seconds"].items())
         lines += ["", f"Sections' wall time: {took}."]
+    for section in ("speed", "resample_speed"):
+        phases: dict[str, float] = {}
+        for row in results.get(section, []):
+            for name, seconds in row.get("phases", {}).items():
+                phases[name] = phases.get(name, 0.0) + seconds
+        if phases:
+            split = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases.items())
+            lines += ["", f"Where {section}'s seconds went: {split}."]
     return "\n".join(lines)
 
 

@@ -57,10 +57,17 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert {row["op"] for row in results["resample_speed"]} == {"forward", "backward"}
     assert "| default / roofline |" in result.stdout
     # Each timed row keeps what it cost, compiles included: the rows of a section
-    # add up to at most the section's wall time (kept to a tenth of a second).
+    # add up to at most the section's wall time (kept to a tenth of a second), and
+    # the phases of a row to at most the row's; the first row of a case holds
+    # jaxgrad's programs, every row its peers and rounds.
     for section in ("speed", "resample_speed"):
         seconds = [row["seconds"] for row in results[section]]
         assert all(s > 0 for s in seconds) and sum(seconds) <= results["seconds"][section] + 0.05
+        assert results[section][0]["phases"]["jaxgrad's programs"] > 0
+        for row in results[section]:
+            assert row["phases"]["peers and rounds"] > 0
+            assert sum(row["phases"].values()) <= row["seconds"]
+    assert "Where speed's seconds went: " in result.stdout
 
 
 @needs_kernels
