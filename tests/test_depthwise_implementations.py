@@ -342,6 +342,33 @@ def under_both_launches(monkeypatch, field, ops, data_format, x, f, dy):
     return got, given
 
 
+def check_a_row_option(monkeypatch, field, kernel, strides, dilations, padding, data_format):
+    """Runs the three ops under the launches with the row option ``field`` off and
+    on, programs owning many rows: the forward and the input gradient give the
+    same bits both ways, and every result of both equals float64's. An infinite
+    input in the last row reaches exactly the results whose sums read it: none
+    where no output reads that row, and an infinity, not a NaN, where the last
+    output row does (the rows past it, in the last block of rows, must not meet it
+    again with a zero)."""
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
+    cfg = make_cfg((2, 14, 6, 3), (*kernel, 3, 2), strides, dilations, padding)
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
+    x64[0, 13, 2, 1] = np.inf
+    x = x.at[(0, 13, 2, 1) if data_format == "NHWC" else (0, 1, 13, 2)].set(jnp.inf)
+    ops = three_ops(cfg, data_format, implementation="pallas")
+    got, given = under_both_launches(monkeypatch, field, ops, data_format, x, f, dy)
+    assert {getattr(launch, field) for launch in given} == {False, True}
+    assert all(launch.rows > 1 for launch in given)
+    for name in ("forward", "backprop_input"):
+        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
+    for name, want in references(cfg, x64, f64, dy64).items():
+        finite = np.isfinite(want)
+        for value, results in got.items():  # the filter gradient's two orders too
+            message = f"{name}, {field}: {value}"
+            np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
+            assert relative_error(results[name][finite], want[finite]) < 1e-6, message
+
+
 @needs_kernels
 @pytest.mark.parametrize(
     # The layouts by turns: the rows kept are the same in both.
@@ -368,27 +395,8 @@ def test_rows_kept_in_registers_change_no_bits(
     # rather than read them again. The forward and the input gradient sum the same
     # products in the same order, so they give the same bits either way; the filter
     # gradient's partials then sum a program's column tiles one after another, each
-    # down all of its rows: another fixed order. An infinite input in the last row
-    # reaches exactly the results whose sums read it: none where no output reads
-    # that row, and an infinity, not a NaN, where the last output row does (the
-    # rows past it, in the last block of rows, must not meet it again with a zero).
-    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
-    cfg = make_cfg((2, 14, 6, 3), (*kernel, 3, 2), strides, dilations, padding)
-    (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(strides))
-    x64[0, 13, 2, 1] = np.inf
-    x = x.at[(0, 13, 2, 1) if data_format == "NHWC" else (0, 1, 13, 2)].set(jnp.inf)
-    ops = three_ops(cfg, data_format, implementation="pallas")
-    got, given = under_both_launches(monkeypatch, "reuse_rows", ops, data_format, x, f, dy)
-    assert {launch.reuse_rows for launch in given} == {False, True}
-    assert all(launch.rows > 1 for launch in given)
-    for name in ("forward", "backprop_input"):
-        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
-    for name, want in references(cfg, x64, f64, dy64).items():
-        finite = np.isfinite(want)
-        for reuse_rows, results in got.items():  # the filter gradient's two orders too
-            message = f"{name}, rows kept: {reuse_rows}"
-            np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
-            assert relative_error(results[name][finite], want[finite]) < 1e-6, message
+    # down all of its rows: another fixed order.
+    check_a_row_option(monkeypatch, "reuse_rows", kernel, strides, dilations, padding, data_format)
 
 
 @needs_kernels
@@ -409,24 +417,13 @@ def test_rows_kept_in_registers_change_no_bits(
 def test_rows_read_ahead_change_no_bits(
     kernel, strides, dilations, padding, data_format, monkeypatch
 ):
-    # A launch may read a program's next row before it computes the current one.
-    # The same products are summed in the same order: the forward and the input
-    # gradient give the same bits either way. So does the filter gradient here, in
-    # interpret mode; on a GPU its sum across a tile's columns follows the
-    # registers' layout, so it is checked against float64 under both launches.
-    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
-    cfg = make_cfg((2, 11, 7, 3), (*kernel, 3, 2), strides, dilations, padding)
-    (x, f, dy), (x64, f64, dy64) = operands(cfg, data_format, jnp.float32, seed=sum(kernel))
-    ops = three_ops(cfg, data_format, implementation="pallas")
-    got, given = under_both_launches(monkeypatch, "read_ahead", ops, data_format, x, f, dy)
-    assert {launch.read_ahead for launch in given} == {False, True}
-    assert all(launch.rows > 1 for launch in given)
-    for name in ("forward", "backprop_input"):
-        np.testing.assert_array_equal(got[True][name], got[False][name], err_msg=name)
-    for name, want in references(cfg, x64, f64, dy64).items():
-        for ahead, results in got.items():
-            message = f"{name}, rows read ahead: {ahead}"
-            assert relative_error(results[name], want) < 1e-6, message
+    # A launch may read a program's next row before it computes the current one
+    # (the last row reads itself again, unused). The same products are summed in
+    # the same order: the forward and the input gradient give the same bits either
+    # way. So does the filter gradient in interpret mode; on a GPU its sum across a
+    # tile's columns follows the registers' layout, so it is checked against
+    # float64 under both launches.
+    check_a_row_option(monkeypatch, "read_ahead", kernel, strides, dilations, padding, data_format)
 
 
 @needs_kernels
