@@ -107,6 +107,23 @@ def test_tune_smoke(tmp_path, monkeypatch):
     assert "| current launch |" in result.stdout and f"| {jax_peer} |" in result.stdout
 
 
+def test_tune_knows_every_launch_field(monkeypatch):
+    """``benchmarks/tune.py`` imposes a launch by its fields: a field a kernel
+    family's launch gains must be one tune.py reads, or every candidate would run
+    that field as chosen today, and the search would time one launch under
+    several names."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import dataclasses
+    import types
+
+    import tune
+
+    for family, module in tune.FAMILIES.items():
+        fields = {f.name for f in dataclasses.fields(module._Launch)} - {"interpret"}
+        launch = types.SimpleNamespace(**dict.fromkeys(fields, 1))
+        assert set(tune.fields_of(launch)) == fields, family
+
+
 @needs_kernels
 def test_tune_searches_only_the_groups_asked_for(monkeypatch):
     """``--groups`` narrows a search to some groups of parameters: with "read ahead"
