@@ -277,15 +277,10 @@ def _preferred(axes: tuple[Axis, ...], transpose: bool, dtype: Any) -> bool:
         return False
     half = dtype in (jnp.bfloat16, jnp.float16)  # not an integer's nearest copy
     if not any(axis.linear for axis in axes):
-        return half and (transpose or not _shrinks_every_axis(axes))
+        return half and (transpose or not _plan.shrinks_every_axis(axes))
     if transpose and half:
         return True
     return not _xla.one_pass_on_gpus(axes, transpose)
-
-
-def _shrinks_every_axis(axes: tuple[Axis, ...]) -> bool:
-    """Whether the forward map has no more outputs than inputs along every axis."""
-    return all(axis.n_out <= axis.n_in for axis in axes)
 
 
 def _run(x: jax.Array, axes: tuple[Axis, ...], transpose: bool, impl: str | None) -> jax.Array:

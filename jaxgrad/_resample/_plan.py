@@ -27,6 +27,7 @@ import dataclasses
 import fractions
 import math
 import threading
+from collections.abc import Sequence
 from typing import Protocol
 
 import jax
@@ -441,6 +442,12 @@ _CACHE = _BytesCache(budget=64 * 2**20)
 def plan(axis: Axis, transpose: bool) -> Plan:
     """The rows of ``axis``'s matrix (or of its transpose, the gradient's), cached."""
     return _CACHE.get(axis, transpose)
+
+
+def shrinks_every_axis(axes: Sequence[Axis]) -> bool:
+    """Whether the forward map has no more outputs than inputs along every axis
+    (an axis it leaves alone has as many)."""
+    return all(axis.n_out <= axis.n_in for axis in axes)
 
 
 def resampled_axes(axes: tuple[Axis, ...], transpose: bool) -> range:

@@ -278,7 +278,7 @@ def one_pass_on_gpus(axes: tuple[Axis, ...], transpose: bool) -> bool:
     if len(moved) <= 1 or not any(axis.linear for axis in moved):
         return True
     if not transpose:
-        return all(axis.n_out <= axis.n_in for axis in moved)
+        return _plan.shrinks_every_axis(moved)
 
     def doubled_or_divided(axis: Axis) -> bool:
         period = axis.coordinates.period  # outputs : inputs
