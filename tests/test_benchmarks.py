@@ -415,6 +415,30 @@ def test_gpu_benchmark_runs_the_cases_asked_for(monkeypatch):
         gpu.main()
 
 
+def test_gpu_benchmark_checks_resample_where_a_batch_ends(monkeypatch):
+    """The timed resample programs are checked on their batch's first and last
+    entries: a program that gets the last one wrong shows a large error, and the
+    right ones float32's rounding alone."""
+    gpu = gpu_to_narrow(monkeypatch)
+    monkeypatch.setattr(gpu, "DTYPES", ["float32"])
+    assert [int(i) for i in gpu.batch_ends(jnp.arange(32))] == [0, 31]
+    assert [int(i) for i in gpu.batch_ends(jnp.arange(1))] == [0]
+    timed = gpu.jaxgrad_resample
+
+    def last_entry_wrong(shape, scales, mode, impl):
+        ops = timed(shape, scales, mode, impl)
+        if impl == "pallas":
+            forward = ops["forward"]
+            ops["forward"] = lambda x: forward(x).at[-1, 0, 0, 0].add(1.0)
+        return ops
+
+    monkeypatch.setattr(gpu, "jaxgrad_resample", last_entry_wrong)
+    rows = gpu.resample_speed(jax.random.key(0), 1e9, 1, None, smoke=True, only=["NHWC"])
+    errors = {(r["impl"], r["op"]): r["error"] for key, r in rows if key == "resample_correctness"}
+    assert errors.pop(("pallas", "forward")) > 1e-2
+    assert errors and max(errors.values()) < 1e-6
+
+
 def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
     """``--dtypes`` and ``--layouts`` narrow what is checked and timed, as
     ``--cases`` narrows the cases, and ``--skip-xla-timing`` what is timed: a run
