@@ -568,8 +568,9 @@ def start_determinism(processes: int = 3) -> list[subprocess.Popen]:
     processes, under the default XLA flags (``finish_determinism`` compares them).
 
     The processes run side by side, sharing the GPU as a machine's processes do:
-    each still compiles (and autotunes) every program anew, and the check takes the
-    time of one process, not of all of them. The float16 checks run meanwhile:
+    each still compiles (and autotunes) every program anew, its programs side by
+    side on the machine's cores, and the check takes the time of one process, not
+    of all of them. The float16 checks run meanwhile:
     they time nothing, and the work beside them, if anything, gives the
     autotuner's timings more to vary.
     """

@@ -1,7 +1,7 @@
 """Prints a digest of every op's forward and gradients, one line each, for comparing
 fresh processes (tests/test_determinism.py here, benchmarks/gpu.py on a GPU).
 
-    python tests/determinism_check.py [--size small|large]
+    python tests/determinism_check.py [--size small|large] [--threads N]
 
 Each line is ``<case> <sha256 of the result's bytes>``. The resample and depthwise
 ops run in every implementation that can run on the default backend (the default,
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -135,16 +137,29 @@ def cases(size: str):
                     yield f"depthwise {implementation} 7x7 {fmt} {tag}", conv_vjp, (xi, f7)
 
 
+def compiled(case):
+    """A case ``(name, function, operands)`` with its function lowered and compiled
+    for the operands."""
+    name, fn, operands = case
+    return name, jax.jit(fn).lower(*operands).compile(), operands
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="programs compiled at once"
+    )
     args = parser.parse_args()
     # Every process compiles (on a GPU, autotunes) each program itself: a persistent
     # compilation cache (the test suite's, or a JAX_COMPILATION_CACHE_DIR of the
     # user's) would give the later processes the first one's executables.
     jax.config.update("jax_enable_compilation_cache", False)
-    for name, fn, operands in cases(args.size):
-        print(name, digest(jax.jit(fn)(*operands)), flush=True)
+    # Side by side, as XLA compiles without Python's lock: most of a run is compiling.
+    # Each program is still compiled by this process; results come in the cases' order.
+    with ThreadPoolExecutor(args.threads) as pool:
+        for name, program, operands in pool.map(compiled, cases(args.size)):
+            print(name, digest(program(*operands)), flush=True)
 
 
 if __name__ == "__main__":
