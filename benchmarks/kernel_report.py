@@ -3,12 +3,14 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
+                                       [--paired]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
 with the `ptxas` Triton ships. Prints, per kernel: registers per thread, bytes
-spilled, shared memory, and its global loads by width (``16B x 9``: nine loads of
-16 bytes a thread; wider loads read a tile in fewer instructions); then its
+spilled, shared memory, and its global loads and stores by width (``16B x 9``:
+nine loads of 16 bytes a thread; wider accesses move a tile in fewer
+instructions); then its
 programs (the grid), how many of them one multiprocessor holds at once (by CUDA's
 occupancy rules for an H100, from the registers, warps and shared memory), and
 the waves they take on ``--sms`` multiprocessors. It checks what a GPU run would
@@ -28,7 +30,10 @@ the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three)
 (``_Launch.taps``): what unrolling a larger filter costs in registers.
 ``--read-ahead`` makes every depthwise kernel read its next row before it computes
 the current one (``_Launch.read_ahead``): what holding a row's tiles a step longer
-costs in registers.
+costs in registers. ``--paired`` makes the resample kernel read a last axis that
+repeats every two output columns in pairs (``_Launch.paired``: 2x upsampling and
+the gradient of 0.5x in NCHW): each tap a contiguous run of inputs, loaded in
+vectors where it starts on one, in place of a gather per output.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -58,6 +63,7 @@ import jax.numpy as jnp
 import jaxgrad
 from jaxgrad import _implementation
 from jaxgrad._depthwise import _pallas as depthwise_kernels
+from jaxgrad._resample import _pallas as resample_kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -97,8 +103,11 @@ RESAMPLE_CASES = {
         "float32",
     ),
 }
-# A global load in PTX, its vector length and its element's bits: ld.global.v4.b32.
-GLOBAL_LOAD = re.compile(r"ld\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
+# A global load or store in PTX, its vector length and its element's bits:
+# ld.global.v4.b32, st.global.b16.
+GLOBAL_ACCESS = r"{}\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.[bfsu](\d+)\b"
+GLOBAL_LOAD = re.compile(GLOBAL_ACCESS.format("ld"))
+GLOBAL_STORE = re.compile(GLOBAL_ACCESS.format("st"))
 
 # What one streaming multiprocessor of an H100 holds at once (CUDA's occupancy
 # rules for compute capability 9.0), and how many an H100 SXM has.
@@ -255,15 +264,16 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
         "registers": int(re.search(r"Used (\d+) registers", info)[1]),
         "spilled": int(re.search(r"(\d+) bytes spill stores", info)[1]),
         "shared": kernel.metadata.shared,
-        "loads": load_widths(ptx),
+        "loads": access_widths(ptx),
+        "stores": access_widths(ptx, GLOBAL_STORE),
         "seconds": seconds,
     }
 
 
-def load_widths(ptx: str) -> str:
-    """The global loads of ``ptx`` by the bytes one thread reads, widest first:
-    ``16B x 9, 4B x 3``."""
-    widths = [int(vector or 1) * int(bits) // 8 for vector, bits in GLOBAL_LOAD.findall(ptx)]
+def access_widths(ptx: str, access: re.Pattern[str] = GLOBAL_LOAD) -> str:
+    """The global loads (or the ``access`` given) of ``ptx`` by the bytes one
+    thread moves, widest first: ``16B x 9, 4B x 3``."""
+    widths = [int(vector or 1) * int(bits) // 8 for vector, bits in access.findall(ptx)]
     return ", ".join(f"{w}B x {widths.count(w)}" for w in sorted(set(widths), reverse=True))
 
 
@@ -291,6 +301,11 @@ def main() -> None:
         action="store_true",
         help="the depthwise kernels read their next row before they compute the current one",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="the resample kernel reads a last axis that repeats every two columns in pairs",
+    )
     args = parser.parse_args()
     try:
         import triton
@@ -298,9 +313,9 @@ def main() -> None:
         raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
     print(
         "| case | kernel | registers | spilled bytes | shared bytes | global loads "
-        "| programs | per SM | waves |"
+        "| global stores | programs | per SM | waves |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     if args.train_step:
         steps = [("U-Net step, batch 64 of 128x128", train_step())]
     else:
@@ -321,6 +336,13 @@ def main() -> None:
                 return dataclasses.replace(chosen(*args, **kwargs), **imposed)
 
             patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", imposing))
+        if args.paired:
+            resample_launch = resample_kernels._launch
+
+            def paired(*args: Any, **kwargs: Any) -> Any:
+                return dataclasses.replace(resample_launch(*args, **kwargs), paired=True)
+
+            patches.enter_context(mock.patch.object(resample_kernels, "_launch", paired))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
@@ -333,7 +355,7 @@ def main() -> None:
                 waves = kernel.programs / (per_sm * args.sms)
                 print(
                     f"| {case} | {kernel.name} | {r['registers']} | {r['spilled']} "
-                    f"| {r['shared']} | {r['loads']} "
+                    f"| {r['shared']} | {r['loads']} | {r['stores']} "
                     f"| {kernel.programs} | {per_sm} | {waves:.2f} |",
                     flush=True,
                 )

@@ -17,7 +17,10 @@ loads, more registers), then whether an NCHW forward or filter gradient at colum
 stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
 loads, twice the columns read; elsewhere the same program), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
-flight during the arithmetic, more registers); the tile (each side
+flight during the arithmetic, more registers); for the resample kernel, whether it
+reads a last axis that repeats every two output columns (2x upsampling and the
+gradient of 0.5x, in NCHW) as contiguous runs shared by each pair of outputs
+(``paired``; elsewhere the same program); the tile (each side
 halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
 each thread's share of the tile and so its registers; then the rows (a quarter to
 four times). A coordinate search: about 37 compiles per op instead of every
@@ -79,10 +82,20 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # sums them in groups of programs); whether they keep the input rows that
 # consecutive rows share in registers (fewer loads, more registers); whether they
 # read strided NCHW columns in pairs (wider loads, twice the columns); whether they
-# read a row ahead (loads in flight during the arithmetic, more registers); the tile
+# read a row ahead (loads in flight during the arithmetic, more registers); whether
+# the resample kernel reads a last axis that repeats every two columns in pairs
+# (contiguous runs in place of gathers); the tile
 # and the warps together (their ratio is the elements each thread holds, hence its
 # registers); then the rows.
-GROUPS = ("taps", "rows kept", "strided reads", "read ahead", "tile and warps", "rows")
+GROUPS = (
+    "taps",
+    "rows kept",
+    "strided reads",
+    "read ahead",
+    "column pairs",
+    "tile and warps",
+    "rows",
+)
 WARPS = (2, 4, 8)
 
 
@@ -116,6 +129,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "taps",
         "wide_strided_reads",
         "read_ahead",
+        "paired",
     )
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
@@ -133,6 +147,8 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         options = [{"wide_strided_reads": w} for w in (False, True)] if wide else [{}]
     elif group == "read ahead":
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
+    elif group == "column pairs":
+        options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
@@ -155,6 +171,7 @@ def label(fields: dict[str, int]) -> str:
     kept = ", rows kept" if fields.get("reuse_rows") else ""
     kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
+    kept += ", columns read in pairs" if fields.get("paired") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""
     return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 
@@ -231,8 +248,12 @@ def resample_ops(
     """resample and its gradient with the kernel forced, their arrays, and their
     peers: jax.image.resize and its VJP, and PyTorch where it is installed."""
     scales, out = gpu.resample_shapes(shape, axes, scale)
-    rng = np.random.default_rng(0)
-    x, dy = (jnp.asarray(rng.normal(size=s), dtype) for s in (shape, out))
+    # Drawn on the device, as gpu.py draws them: half a billion samples for a 2x
+    # gradient take seconds on the host.
+    x, dy = (
+        jax.random.normal(k, s, dtype)
+        for k, s in zip(jax.random.split(jax.random.key(0)), (shape, out), strict=True)
+    )
     ours = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
     image = gpu.image_resize(shape, out, mode)
     peers = {
@@ -240,10 +261,7 @@ def resample_ops(
         "backward": {"jax.image": partial(image["backward"], x, dy)},
     }
     if torch:
-        tdtype = getattr(torch, dtype)
-        tx, tdy = (
-            torch.tensor(np.asarray(a, np.float32)).to(gpu.TORCH_DEVICE, tdtype) for a in (x, dy)
-        )
+        tx, tdy = (torch.from_dlpack(a) for a in (x, dy))  # the same memory
         for op, call in gpu.torch_resample(torch, tx, tdy, axes, out, scale, mode).items():
             peers[op]["torch"] = call
     return {

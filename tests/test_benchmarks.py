@@ -96,7 +96,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
         # One other launch per group of parameters the family's kernels have, each
         # different: the patch took effect.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        assert len(groups) == {"depthwise": 6, "resample": 2}[row["family"]]
+        assert len(groups) == {"depthwise": 6, "resample": 3}[row["family"]]
         assert len({tuple(sorted(launch.items())) for launch in launches}) == 1 + len(groups)
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
@@ -245,7 +245,7 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     assert "ZeroDivisionError" in tune.render([row])
 
 
-def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
+def test_kernel_report_reads_access_widths_and_occupancy(monkeypatch):
     """What ``benchmarks/kernel_report.py`` reads from a compiled kernel, checked
     on known inputs (compiling needs the optional ``triton`` package; this does not)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -260,7 +260,8 @@ def test_kernel_report_reads_load_widths_and_occupancy(monkeypatch):
         st.global.v4.b32 [ %rd6 + 0 ], { %r1, %r2, %r3, %r4 };
         ld.shared.b32 %r12, [ %r13 ];
     """
-    assert kernel_report.load_widths(ptx) == "16B x 2, 8B x 1, 4B x 1, 2B x 1"
+    assert kernel_report.access_widths(ptx) == "16B x 2, 8B x 1, 4B x 1, 2B x 1"
+    assert kernel_report.access_widths(ptx, kernel_report.GLOBAL_STORE) == "16B x 1"
     # CUDA's occupancy on an H100: registers go to warps in blocks of 256.
     assert kernel_report.resident(registers=64, warps=4, shared=0) == 8
     assert kernel_report.resident(registers=72, warps=4, shared=0) == 7

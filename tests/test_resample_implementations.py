@@ -3,6 +3,8 @@ against the float64 reference and the scatter-add oracle (in Pallas' interpret m
 on the CPU), and the kernel's lowering for CUDA GPUs, checked here without one."""
 
 import contextlib
+import dataclasses
+import math
 import re
 from unittest import mock
 
@@ -189,6 +191,135 @@ def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
     jax.clear_caches()
     for a, b in zip(listed, computed, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@contextlib.contextmanager
+def paired_launches():
+    """Every resample kernel launched with its columns read in pairs where they
+    can be (``_Launch.paired``), compiled anew."""
+    chosen = _pallas._launch
+
+    def paired(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), paired=True)
+
+    jax.clear_caches()
+    try:
+        with mock.patch.object(_pallas, "_launch", paired):
+            yield
+    finally:
+        jax.clear_caches()
+
+
+@st.composite
+def last_axis_configs(draw):
+    """Configs whose last axis is scaled by 2 or 0.5 (the forward of 2x and the
+    gradient of 0.5x read in pairs), any offsets, rounding and earlier axes."""
+    rank = draw(st.integers(1, 3))
+    in_shape = (*draw(st.lists(st.integers(1, 4), min_size=rank - 1, max_size=rank - 1)),)
+    in_shape += (draw(st.integers(1, 24)),)
+    scales = (*(draw(st.sampled_from([1.0, 2.0, 0.5])) for _ in in_shape[:-1]),)
+    scales += (draw(st.sampled_from([2.0, 0.5])),)
+    # Offsets of eighths, where samples fall on pixels and rounding ties, and others;
+    # not ones so small that float64 loses them beside a coordinate (the library
+    # computes such coordinates exactly, the reference rounds them away).
+    offset = st.one_of(
+        st.integers(-8, 8).map(lambda k: k / 8),
+        st.floats(-1.0, 1.0).filter(lambda v: abs(v) > 1e-6),
+    )
+    out_shape = tuple(max(1, math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True))
+    if draw(st.booleans()):  # a last axis longer or shorter than the scale says
+        out_shape = (*out_shape[:-1], max(1, out_shape[-1] + draw(st.integers(-2, 2))))
+    return dict(
+        in_shape=in_shape,
+        out_shape=out_shape,
+        scales=scales,
+        a=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        b=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        mode=draw(st.sampled_from(["nearest", "linear"])),
+        rounding=draw(st.sampled_from(["half_up", "down", "up"])),
+    )
+
+
+@needs_kernels
+@settings(max_examples=12, deadline=None)
+@given(last_axis_configs(), st.integers(0, 2**31 - 1))
+def test_kernel_reading_columns_in_pairs_matches_reference(c, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=c["in_shape"])
+    dy = rng.normal(size=c["out_shape"])
+    with paired_launches():
+        y, dx = both_ways(
+            jnp.asarray(x), jnp.asarray(dy), c["in_shape"], c["scales"], c["out_shape"], **kwargs(c)
+        )
+    assert_matches_references(c, x, dy, y, dx)
+
+
+def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
+    axis = _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), linear, "half_up")
+    return _plan.plan(axis, transpose)
+
+
+def test_columns_are_read_in_pairs_where_they_repeat_every_two_one_input_on():
+    # 2x upsampling and the gradient of 0.5x, in every mode; a half-pixel linear
+    # 2x reads the first and last output columns on their own (clamped).
+    linear_2x = _pallas._pairs(last_axis_plan(8, 16, 2.0, True, False), channels=1)
+    assert linear_2x == _pallas._Pairs(
+        taps=(((-1, 0.25), (0, 0.75)), ((0, 0.75), (1, 0.25))),
+        edges=((0, ((0, 1.0),)), (15, ((7, 1.0),))),
+    )
+    for linear in (False, True):
+        assert _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, False), channels=1)
+        assert _pallas._pairs(last_axis_plan(16, 8, 0.5, linear, True), channels=1)
+        # Not: 0.5x forward (two inputs on), 2x gradient, 1.7x, channels after the axis.
+        assert not _pallas._pairs(last_axis_plan(16, 8, 0.5, linear, False), channels=1)
+        assert not _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, True), channels=1)
+        assert not _pallas._pairs(last_axis_plan(10, 17, 1.7, linear, False), channels=1)
+        assert not _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, False), channels=3)
+    # An output far longer than the scale says clamps many columns: the table reads them.
+    assert not _pallas._pairs(last_axis_plan(8, 40, 2.0, True, False), channels=1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_kernel_reading_columns_in_pairs_lowers_for_cuda(mode):
+    # The paired tile's interleave (a join on a new last axis, then a reshape) and
+    # its merged edges are operations the Triton backend must lower: an NCHW 2x
+    # forward and the gradient of 0.5x, each a program of its own.
+    x = jax.ShapeDtypeStruct((2, 3, 64, 64), jnp.bfloat16)
+    ops = [
+        lambda x: jaxgrad.resample(x, (1, 1, 2, 2), mode=mode, **KERNEL),
+        lambda x: jaxgrad.resample_grad(x, (2, 3, 128, 128), (1, 1, 0.5, 0.5), mode=mode, **KERNEL),
+    ]
+    for op in ops:
+        table = lowered_text(op, x, platform="cuda")
+        with paired_launches():
+            paired = lowered_text(op, x, platform="cuda")
+        assert paired.count(TRITON_CALL) == 1 and paired != table
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_kernel_reading_columns_in_pairs_in_every_float_dtype(dtype, mode):
+    # NCHW 2x and its gradient, 0.5x and its gradient: the same float32 arithmetic
+    # as the table's, so the same error against float64; nearest moves values exactly.
+    rng = np.random.default_rng(7)
+    for scales in [(1, 1, 2.0, 2.0), (1, 1, 0.5, 0.5)]:
+        x = jnp.asarray(rng.normal(size=(2, 3, 6, 20)), dtype)
+        with paired_launches():
+            y = jaxgrad.resample(x, scales, mode=mode, **KERNEL)
+            dy = jnp.asarray(rng.normal(size=y.shape), dtype)
+            dx = jaxgrad.resample_grad(dy, x.shape, scales, mode=mode, **KERNEL)
+        tol = TOLERANCE[np.dtype(dtype)]
+        args = scales, (0.5,) * 4, (-0.5,) * 4, mode, "half_up"
+        expected = reference_resample(np.asarray(x, np.float64), y.shape, *args)
+        np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=tol, atol=tol)
+        expected = reference_resample_grad(np.asarray(dy, np.float64), x.shape, *args)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(np.asarray(dx, np.float64), expected, rtol=tol, atol=tol * scale)
+        if mode == "nearest":
+            portable = jaxgrad.resample(x, scales, mode=mode, implementation="xla")
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(portable))
 
 
 @needs_kernels

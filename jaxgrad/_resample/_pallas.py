@@ -90,6 +90,11 @@ class _Launch:
     rows: int  # output rows per program
     interpret: bool
     warps: int = 4
+    # Where the columns are the array's last axis and repeat every two outputs, one
+    # input further on (``_pairs``): read each tap as a contiguous run of inputs
+    # shared by both outputs of a pair, and interleave the pair in registers,
+    # instead of gathering every output's taps through the column table.
+    paired: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
         """``lanes`` as indices into an axis of ``size``, for a masked access."""
@@ -106,6 +111,50 @@ def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
     return _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
 
 
+_Taps = tuple[tuple[int, float], ...]  # (input column or offset, weight) of each tap
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pairs:
+    """A column axis read in pairs: output column ``2m + r`` is the sum of
+    ``weight * x[m + offset]`` over the ``(offset, weight)`` of ``taps[r]``, in
+    order; but for the ``edges``, ``(column, taps)``, where clamping breaks that
+    pattern, whose taps name input columns."""
+
+    taps: tuple[_Taps, _Taps]
+    edges: tuple[tuple[int, _Taps], ...]
+
+
+# The most columns at an axis's ends that break its pattern for it to be read in
+# pairs: each is read on its own and merged into its tile, in every row.
+_MAX_EDGES = 8
+
+
+def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
+    """The plan of the last axis the kernel reads along, in pairs; or None where
+    the axis is not the array's last (channels follow it, along which the tile's
+    loads already run), does not repeat every two rows one column further on (2x
+    upsampling; the gradient of 0.5x), or breaks the pattern in many rows."""
+    if channels != 1 or plan.period != 2 or plan.shift != 1 or plan.stop <= plan.first:
+        return None
+    if plan.first + plan.n_rows - plan.stop > _MAX_EDGES:
+        return None
+
+    def taps(table: _plan.Table, row: int, shift: int = 0) -> _Taps:
+        return tuple(
+            (int(table.index[row, t]) + shift, float(table.weights[row, t]))
+            for t in range(table.width)
+            if table.valid[row, t]
+        )
+
+    # Output 2m + r is row first + 2k + j of the pattern, k = m + (r - first) // 2,
+    # which reads the columns of pattern row j plus k.
+    pattern = tuple(taps(plan.pattern, (r - plan.first) % 2, (r - plan.first) // 2) for r in (0, 1))
+    head = [(o, taps(plan.head, o)) for o in range(plan.first)]
+    tail = [(o, taps(plan.tail, o - plan.stop)) for o in range(plan.stop, plan.n_rows)]
+    return _Pairs(pattern, tuple(head + tail))  # type: ignore[arg-type]
+
+
 def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.Array:
     """``term(0) + term(1) + ...`` for ``count`` terms, in that order: unrolled for a
     few, a loop for many."""
@@ -119,14 +168,19 @@ def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.A
 
 
 def _kernel(
-    *refs: Any, row_axes: tuple[tuple[int, int], ...], exact: bool, launch: _Launch
+    *refs: Any,
+    row_axes: tuple[tuple[int, int], ...],
+    exact: bool,
+    launch: _Launch,
+    pairs: _Pairs | None,
 ) -> None:
     """One program: ``launch.rows`` output rows of a block of columns and channels.
 
     ``refs``: the input ``[B, R_in, W_in, C]``, then an (index, weights) pair per
     row axis and one for the column axis, then the output ``[B, R_out, W_out, C]``.
     ``row_axes``: the (input, output) length of each row axis, whose products are
-    ``R_in`` and ``R_out``.
+    ``R_in`` and ``R_out``. ``pairs``: how to read the columns in pairs, or None
+    to read them through the column table.
     """
     x_ref, *table_refs, out_ref = refs
     row_tables = [tuple(table_refs[2 * a : 2 * a + 2]) for a in range(len(row_axes))]
@@ -144,35 +198,105 @@ def _kernel(
     chans = _kernels.lanes(chan_block, launch.channels)
     cols = _kernels.lanes(col_block, launch.cols)
     chans_inside, cols_inside = chans < channels, cols < cols_out
-    col_lanes = launch.index(cols, cols_out)
-
-    def load_col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
-        """Column tap ``t`` of every lane: the input column (-1: none) and its weight."""
-        t = jnp.asarray(t, jnp.int32)  # interpret mode wants array indices
-        index = plgpu.load(col_index_ref.at[col_lanes, t], mask=cols_inside, other=-1)
-        weight = plgpu.load(col_weight_ref.at[col_lanes, t], mask=cols_inside, other=0)
-        return index, weight.astype(dtype)
-
-    # The columns' taps are the same for every row: a few are loaded once, before
-    # the row loop; many are loaded where they are used.
     col_taps = int(col_index_ref.shape[1])
-    if col_taps <= _MAX_UNROLLED_TAPS:
-        loaded = [load_col_tap(t) for t in range(col_taps)]
-        col_tap: Callable[[Any], tuple[jax.Array, jax.Array]] = lambda t: loaded[t]  # noqa: E731
-    else:
-        col_tap = load_col_tap
+    # With one channel (a resampled last axis) a tile is a vector of columns: as a
+    # [columns, 1] block it would leave Triton no contiguous minor axis to load and
+    # store in vectors.
+    flat = launch.channels == 1
 
-    def read(in_row: Any, row_ok: Any, in_cols: jax.Array) -> jax.Array:
-        """The ``[cols, channels]`` tile of input row ``in_row`` at the columns
-        ``in_cols``; zero where a tap is missing."""
-        inside = (row_ok & (in_cols >= 0) & cols_inside)[:, None] & chans_inside[None, :]
-        index = (
-            b,
-            jnp.clip(in_row, 0, rows_in - 1),
-            launch.index(in_cols, cols_in)[:, None],
-            launch.index(chans, channels)[None, :],
-        )
+    def tile_of(per_lane: jax.Array) -> jax.Array:
+        """A value per lane, as a tile's shape (broadcast over its channels)."""
+        return per_lane if flat else per_lane[:, None]
+
+    def tile_at(
+        lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
+    ) -> tuple[tuple[Any, ...], jax.Array]:
+        """The (column, channel) index and the mask of a tile's elements."""
+        if flat:
+            return (lane_index, 0), lanes_ok
+        chan_index = launch.index(chans, channels, store=store)
+        return (lane_index[:, None], chan_index[None, :]), tile_of(lanes_ok) & chans_inside[None, :]
+
+    def zeros(lanes: int) -> jax.Array:
+        return jnp.zeros((lanes,) if flat else (lanes, launch.channels), dtype)
+
+    def read(in_row: Any, row_ok: Any, in_cols: jax.Array, lanes_ok: jax.Array) -> jax.Array:
+        """The tile of input row ``in_row`` at the columns ``in_cols``; zero where a
+        tap is missing or a lane is not ``lanes_ok``."""
+        where, inside = tile_at(launch.index(in_cols, cols_in), row_ok & (in_cols >= 0) & lanes_ok)
+        index = (b, jnp.clip(in_row, 0, rows_in - 1), *where)
         return plgpu.load(x_ref.at[index], mask=inside, other=0).astype(dtype)
+
+    def read_one(in_row: Any, row_ok: Any, in_col: int) -> jax.Array:
+        """Input row ``in_row`` at column ``in_col``, as a tile of one lane."""
+        return read(in_row, row_ok, jnp.full((1,), in_col, jnp.int32), jnp.full((1,), True))
+
+    def tabled(lanes: jax.Array, inside: jax.Array) -> Callable[[Any, Any], jax.Array]:
+        """The column sum of the output columns ``lanes`` (those ``inside`` the
+        output) of an input row, read through the column table: ``columns(in_row,
+        row_ok)``, a tile."""
+        lane_index = launch.index(lanes, cols_out)
+
+        def load_col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
+            """Column tap ``t`` of every lane: the input column (-1: none) and its weight."""
+            t = jnp.asarray(t, jnp.int32)  # interpret mode wants array indices
+            index = plgpu.load(col_index_ref.at[lane_index, t], mask=inside, other=-1)
+            weight = plgpu.load(col_weight_ref.at[lane_index, t], mask=inside, other=0)
+            return index, weight.astype(dtype)
+
+        # The columns' taps are the same for every row: a few are loaded once,
+        # before the row loop; many are loaded where they are used.
+        if col_taps <= _MAX_UNROLLED_TAPS:
+            loaded = [load_col_tap(t) for t in range(col_taps)]
+            col_tap: Callable[[Any], tuple[jax.Array, jax.Array]] = lambda t: loaded[t]  # noqa: E731
+        else:
+            col_tap = load_col_tap
+
+        def columns(in_row: Any, row_ok: Any) -> jax.Array:
+            if exact:  # one tap, weight 1: move the value
+                return read(in_row, row_ok, col_tap(0)[0], inside)
+
+            def col_term(u: Any) -> jax.Array:
+                index, weight = col_tap(u)
+                return read(in_row, row_ok, index, inside) * tile_of(weight)
+
+            return _sum(col_taps, col_term, zeros(lanes.shape[0]))
+
+        return columns
+
+    def paired(in_row: Any, row_ok: Any) -> jax.Array:
+        """The column sum of the tile's columns by the pattern of ``pairs``: each
+        tap's inputs read once as a contiguous run (in vectors where it starts on
+        one) for both outputs of a pair, which are interleaved in registers; the
+        edge columns, read one by one, replace their lanes. The tile is stored
+        whole: a mask that cut the edges out would stop its stores' vectors."""
+        assert pairs is not None
+        m = _kernels.lanes(col_block, launch.cols // 2)
+        runs: dict[int, jax.Array] = {}
+
+        def run(offset: int) -> jax.Array:
+            if offset not in runs:
+                in_cols = m + offset
+                runs[offset] = read(in_row, row_ok, in_cols, in_cols < cols_in)
+            return runs[offset]
+
+        def summed(taps: _Taps, value: Callable[[int], jax.Array], lanes: int) -> jax.Array:
+            if exact and taps:  # one tap, weight 1: move the value
+                return value(taps[0][0])
+            total = zeros(lanes)  # an output no input reaches stays zero
+            for where, weight in taps:
+                total = total + value(where) * jnp.asarray(weight, dtype)
+            return total
+
+        halves = [summed(taps, run, m.shape[0]) for taps in pairs.taps]
+        tile = jnp.stack(halves, axis=-1).reshape(launch.cols)
+        for col, taps in pairs.edges:
+            element = functools.partial(read_one, in_row, row_ok)
+            tile = jnp.where(cols == col, summed(taps, element, 1), tile)
+        return tile
+
+    # Built outside the row loop: the column table's taps are loaded once.
+    columns = paired if pairs else tabled(cols, cols_inside)
 
     def output_row(r: Any, carry: None) -> None:
         o = first + r
@@ -202,29 +326,23 @@ def _kernel(
                 weight = weight * plgpu.load(weight_ref.at[out_index, tap])
             return in_row, ok, weight
 
-        zero = jnp.zeros((launch.cols, launch.channels), dtype)
-        if exact:  # one tap per axis, weight 1: move the value
-            in_row, ok, _ = row_tap(0)
-            total = read(in_row, ok, col_tap(0)[0])
-        else:
+        def row_sum(columns: Callable[[Any, Any], jax.Array], lanes: int) -> jax.Array:
+            """The output row at ``lanes`` columns: the row taps' column sums."""
+            if exact:  # one tap per axis, weight 1: move the value
+                in_row, ok, _ = row_tap(0)
+                return columns(in_row, ok)
 
             def row_term(t: Any) -> jax.Array:
                 in_row, ok, row_weight = row_tap(t)
+                return columns(in_row, ok) * jnp.asarray(row_weight, dtype)
 
-                def col_term(u: Any) -> jax.Array:
-                    index, weight = col_tap(u)
-                    return read(in_row, ok, index) * weight[:, None]
+            return _sum(math.prod(row_taps), row_term, zeros(lanes))
 
-                return _sum(col_taps, col_term, zero) * jnp.asarray(row_weight, dtype)
-
-            total = _sum(math.prod(row_taps), row_term, zero)
-        inside = (o < rows_out) & cols_inside[:, None] & chans_inside[None, :]
-        index = (
-            b,
-            jnp.minimum(o, rows_out),
-            launch.index(cols, cols_out, store=True)[:, None],
-            launch.index(chans, channels, store=True)[None, :],
+        total = row_sum(columns, launch.cols)
+        where, inside = tile_at(
+            launch.index(cols, cols_out, store=True), (o < rows_out) & cols_inside, store=True
         )
+        index = (b, jnp.minimum(o, rows_out), *where)
         plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
         return carry
 
@@ -369,6 +487,7 @@ def apply(
     source = _dtypes(work, x.dtype)[0]
     view_out = _view(out_shape, first, last)
     launch = _launch(view_out, interpret)
+    flat = launch.channels == 1  # tiles of one channel, which pairs need
     params = None
     if not interpret:
         params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
@@ -378,6 +497,7 @@ def apply(
             row_axes=tuple((plan.n_cols, plan.n_rows) for plan in work.plans[:-1]),
             exact=work.exact,
             launch=launch,
+            pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and flat else None,
         ),
         out_shape=_kernels.varying_as(
             jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
