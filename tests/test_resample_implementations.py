@@ -212,8 +212,8 @@ def paired_launches():
 
 @st.composite
 def last_axis_configs(draw):
-    """Configs whose last axis is scaled by 2 or 0.5 (the forward of 2x and the
-    gradient of 0.5x read in pairs), any offsets, rounding and earlier axes."""
+    """Configs whose last axis is scaled by 2 or 0.5 (read in pairs, forward and
+    gradient), any offsets, rounding and earlier axes."""
     rank = draw(st.integers(1, 3))
     in_shape = (*draw(st.lists(st.integers(1, 4), min_size=rank - 1, max_size=rank - 1)),)
     in_shape += (draw(st.integers(1, 24)),)
@@ -259,22 +259,35 @@ def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
     return _plan.plan(axis, transpose)
 
 
-def test_columns_are_read_in_pairs_where_they_repeat_every_two_one_input_on():
-    # 2x upsampling and the gradient of 0.5x, in every mode; a half-pixel linear
-    # 2x reads the first and last output columns on their own (clamped).
+def test_columns_are_read_in_pairs_where_they_repeat_every_two():
+    # Two outputs a lane, one input on: 2x upsampling and the gradient of 0.5x. A
+    # half-pixel linear 2x reads its first and last output columns on their own
+    # (clamped).
     linear_2x = _pallas._pairs(last_axis_plan(8, 16, 2.0, True, False), channels=1)
     assert linear_2x == _pallas._Pairs(
+        outputs=2,
+        inputs=1,
         taps=(((-1, 0.25), (0, 0.75)), ((0, 0.75), (1, 0.25))),
         edges=((0, ((0, 1.0),)), (15, ((7, 1.0),))),
     )
+    # One output a lane, two inputs on: 0.5x and the gradient of 2x.
+    linear_half = _pallas._pairs(last_axis_plan(16, 8, 0.5, True, False), channels=1)
+    assert linear_half == _pallas._Pairs(
+        outputs=1, inputs=2, taps=(((0, 0.5), (1, 0.5)),), edges=()
+    )
     for linear in (False, True):
-        assert _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, False), channels=1)
-        assert _pallas._pairs(last_axis_plan(16, 8, 0.5, linear, True), channels=1)
-        # Not: 0.5x forward (two inputs on), 2x gradient, 1.7x, channels after the axis.
-        assert not _pallas._pairs(last_axis_plan(16, 8, 0.5, linear, False), channels=1)
-        assert not _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, True), channels=1)
+        for n_in, n_out, scale, transpose, outputs in [
+            (8, 16, 2.0, False, 2),
+            (16, 8, 0.5, True, 2),
+            (16, 8, 0.5, False, 1),
+            (8, 16, 2.0, True, 1),
+        ]:
+            plan = last_axis_plan(n_in, n_out, scale, linear, transpose)
+            assert _pallas._pairs(plan, channels=1).outputs == outputs
+            # Channels after the axis: the tile's loads run along them already.
+            assert not _pallas._pairs(plan, channels=3)
         assert not _pallas._pairs(last_axis_plan(10, 17, 1.7, linear, False), channels=1)
-        assert not _pallas._pairs(last_axis_plan(8, 16, 2.0, linear, False), channels=3)
+        assert not _pallas._pairs(last_axis_plan(8, 24, 3.0, linear, False), channels=1)
     # An output far longer than the scale says clamps many columns: the table reads them.
     assert not _pallas._pairs(last_axis_plan(8, 40, 2.0, True, False), channels=1)
 
@@ -282,13 +295,15 @@ def test_columns_are_read_in_pairs_where_they_repeat_every_two_one_input_on():
 @needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_reading_columns_in_pairs_lowers_for_cuda(mode):
-    # The paired tile's interleave (a join on a new last axis, then a reshape) and
-    # its merged edges are operations the Triton backend must lower: an NCHW 2x
-    # forward and the gradient of 0.5x, each a program of its own.
+    # The paired tile's interleave (a join on a new last axis, then a reshape), its
+    # split of column pairs and its merged edges are operations the Triton backend
+    # must lower: NCHW 2x and 0.5x and their gradients, each a program of its own.
     x = jax.ShapeDtypeStruct((2, 3, 64, 64), jnp.bfloat16)
     ops = [
         lambda x: jaxgrad.resample(x, (1, 1, 2, 2), mode=mode, **KERNEL),
         lambda x: jaxgrad.resample_grad(x, (2, 3, 128, 128), (1, 1, 0.5, 0.5), mode=mode, **KERNEL),
+        lambda x: jaxgrad.resample(x, (1, 1, 0.5, 0.5), mode=mode, **KERNEL),
+        lambda x: jaxgrad.resample_grad(x, (2, 3, 32, 32), (1, 1, 2, 2), mode=mode, **KERNEL),
     ]
     for op in ops:
         table = lowered_text(op, x, platform="cuda")
@@ -301,8 +316,8 @@ def test_kernel_reading_columns_in_pairs_lowers_for_cuda(mode):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_reading_columns_in_pairs_in_every_float_dtype(dtype, mode):
-    # NCHW 2x and its gradient, 0.5x and its gradient: the same float32 arithmetic
-    # as the table's, so the same error against float64; nearest moves values exactly.
+    # NCHW 2x and 0.5x and their gradients: the table's float32 arithmetic, so its
+    # error against float64; nearest moves values exactly.
     rng = np.random.default_rng(7)
     for scales in [(1, 1, 2.0, 2.0), (1, 1, 0.5, 0.5)]:
         x = jnp.asarray(rng.normal(size=(2, 3, 6, 20)), dtype)

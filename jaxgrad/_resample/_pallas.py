@@ -90,10 +90,10 @@ class _Launch:
     rows: int  # output rows per program
     interpret: bool
     warps: int = 4
-    # Where the columns are the array's last axis and repeat every two outputs, one
-    # input further on (``_pairs``): read each tap as a contiguous run of inputs
-    # shared by both outputs of a pair, and interleave the pair in registers,
-    # instead of gathering every output's taps through the column table.
+    # Where the columns are the array's last axis and repeat every two outputs one
+    # input on, or every output two inputs on (``_pairs``): read each tap as a
+    # contiguous run of inputs (or of input pairs) and form the outputs in
+    # registers, instead of gathering every output's taps through the column table.
     paired: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
@@ -116,12 +116,15 @@ _Taps = tuple[tuple[int, float], ...]  # (input column or offset, weight) of eac
 
 @dataclasses.dataclass(frozen=True)
 class _Pairs:
-    """A column axis read in pairs: output column ``2m + r`` is the sum of
-    ``weight * x[m + offset]`` over the ``(offset, weight)`` of ``taps[r]``, in
-    order; but for the ``edges``, ``(column, taps)``, where clamping breaks that
-    pattern, whose taps name input columns."""
+    """A column axis read in pairs. Lane ``m`` of a tile owns ``outputs`` output
+    columns, ``outputs * m + r``, each the sum of ``weight * x[inputs * m +
+    offset]`` over the ``(offset, weight)`` of ``taps[r]``, in order; ``outputs``
+    or ``inputs`` is 2, the other 1. The ``edges``, ``(column, taps)``, are the
+    columns where clamping breaks that pattern, whose taps name input columns."""
 
-    taps: tuple[_Taps, _Taps]
+    outputs: int
+    inputs: int
+    taps: tuple[_Taps, ...]
     edges: tuple[tuple[int, _Taps], ...]
 
 
@@ -133,12 +136,14 @@ _MAX_EDGES = 8
 def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
     """The plan of the last axis the kernel reads along, in pairs; or None where
     the axis is not the array's last (channels follow it, along which the tile's
-    loads already run), does not repeat every two rows one column further on (2x
-    upsampling; the gradient of 0.5x), or breaks the pattern in many rows."""
-    if channels != 1 or plan.period != 2 or plan.shift != 1 or plan.stop <= plan.first:
+    loads already run), repeats neither every two rows one column on (2x
+    upsampling, the gradient of 0.5x) nor every row two columns on (0.5x, the
+    gradient of 2x), or breaks its pattern in many rows."""
+    if channels != 1 or (plan.period, plan.shift) not in ((2, 1), (1, 2)):
         return None
-    if plan.first + plan.n_rows - plan.stop > _MAX_EDGES:
+    if plan.stop <= plan.first or plan.first + plan.n_rows - plan.stop > _MAX_EDGES:
         return None
+    outputs, inputs = plan.period, plan.shift
 
     def taps(table: _plan.Table, row: int, shift: int = 0) -> _Taps:
         return tuple(
@@ -147,12 +152,16 @@ def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
             if table.valid[row, t]
         )
 
-    # Output 2m + r is row first + 2k + j of the pattern, k = m + (r - first) // 2,
-    # which reads the columns of pattern row j plus k.
-    pattern = tuple(taps(plan.pattern, (r - plan.first) % 2, (r - plan.first) // 2) for r in (0, 1))
+    # Output outputs * m + r is row first + outputs * k + j of the pattern, with
+    # k = m + (r - first) // outputs, which reads the columns of pattern row j
+    # plus inputs * k.
+    pattern = tuple(
+        taps(plan.pattern, (r - plan.first) % outputs, inputs * ((r - plan.first) // outputs))
+        for r in range(outputs)
+    )
     head = [(o, taps(plan.head, o)) for o in range(plan.first)]
     tail = [(o, taps(plan.tail, o - plan.stop)) for o in range(plan.stop, plan.n_rows)]
-    return _Pairs(pattern, tuple(head + tail))  # type: ignore[arg-type]
+    return _Pairs(outputs, inputs, pattern, tuple(head + tail))
 
 
 def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.Array:
@@ -265,20 +274,29 @@ def _kernel(
         return columns
 
     def paired(in_row: Any, row_ok: Any) -> jax.Array:
-        """The column sum of the tile's columns by the pattern of ``pairs``: each
-        tap's inputs read once as a contiguous run (in vectors where it starts on
-        one) for both outputs of a pair, which are interleaved in registers; the
-        edge columns, read one by one, replace their lanes. The tile is stored
-        whole: a mask that cut the edges out would stop its stores' vectors."""
+        """The column sum of the tile's columns by the pattern of ``pairs``. Its
+        inputs are read as contiguous runs, each once (in vectors where a run
+        starts on one): with two outputs a lane, a run ``x[m + offset]`` serves
+        both, and the two sums are interleaved in registers; with two inputs a
+        lane, a run of column pairs is split into its even and odd columns. The
+        edge columns, read one by one, replace their lanes, and the tile is
+        stored whole: a mask that cut the edges out would stop its stores' vectors."""
         assert pairs is not None
-        m = _kernels.lanes(col_block, launch.cols // 2)
-        runs: dict[int, jax.Array] = {}
+        lanes = launch.cols // pairs.outputs
+        runs: dict[int, list[jax.Array]] = {}
 
         def run(offset: int) -> jax.Array:
-            if offset not in runs:
-                in_cols = m + offset
-                runs[offset] = read(in_row, row_ok, in_cols, in_cols < cols_in)
-            return runs[offset]
+            """``x[inputs * m + offset]`` for the tile's lanes ``m``."""
+            start, half = divmod(offset, pairs.inputs)
+            if start not in runs:
+                in_cols = _kernels.lanes(col_block, pairs.inputs * lanes) + pairs.inputs * start
+                tile = read(in_row, row_ok, in_cols, in_cols < cols_in)
+                if pairs.inputs == 1:
+                    runs[start] = [tile]
+                else:  # the even columns, then the odd
+                    split = jnp.split(tile.reshape(lanes, 2), 2, axis=1)
+                    runs[start] = [column.reshape(lanes) for column in split]
+            return runs[start][half]
 
         def summed(taps: _Taps, value: Callable[[int], jax.Array], lanes: int) -> jax.Array:
             if exact and taps:  # one tap, weight 1: move the value
@@ -288,8 +306,8 @@ def _kernel(
                 total = total + value(where) * jnp.asarray(weight, dtype)
             return total
 
-        halves = [summed(taps, run, m.shape[0]) for taps in pairs.taps]
-        tile = jnp.stack(halves, axis=-1).reshape(launch.cols)
+        sums = [summed(taps, run, lanes) for taps in pairs.taps]
+        tile = sums[0] if pairs.outputs == 1 else jnp.stack(sums, axis=-1).reshape(launch.cols)
         for col, taps in pairs.edges:
             element = functools.partial(read_one, in_row, row_ok)
             tile = jnp.where(cols == col, summed(taps, element, 1), tile)
