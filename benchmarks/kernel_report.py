@@ -31,9 +31,10 @@ the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three)
 ``--read-ahead`` makes every depthwise kernel read its next row before it computes
 the current one (``_Launch.read_ahead``): what holding a row's tiles a step longer
 costs in registers. ``--paired`` makes the resample kernel read a last axis that
-repeats every two output columns in pairs (``_Launch.paired``: 2x upsampling and
-the gradient of 0.5x in NCHW): each tap a contiguous run of inputs, loaded in
-vectors where it starts on one, in place of a gather per output.
+repeats every two output columns, or every output two input columns, in pairs
+(``_Launch.paired``: NCHW's 2x and 0.5x and their gradients): each tap a
+contiguous run of inputs, loaded in vectors where it starts on one, in place of
+a gather per output.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py

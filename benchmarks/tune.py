@@ -18,9 +18,9 @@ stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
 loads, twice the columns read; elsewhere the same program), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
 flight during the arithmetic, more registers); for the resample kernel, whether it
-reads a last axis that repeats every two output columns (2x upsampling and the
-gradient of 0.5x, in NCHW) as contiguous runs shared by each pair of outputs
-(``paired``; elsewhere the same program); the tile (each side
+reads a last axis that repeats every two output columns or every output two input
+columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs instead of a
+gather per tap (``paired``; elsewhere the same program); the tile (each side
 halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
 each thread's share of the tile and so its registers; then the rows (a quarter to
 four times). A coordinate search: about 37 compiles per op instead of every
