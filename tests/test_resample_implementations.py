@@ -254,6 +254,27 @@ def test_kernel_reading_columns_in_pairs_matches_reference(c, seed):
     assert_matches_references(c, x, dy, y, dx)
 
 
+@needs_kernels
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
+    # Rows longer than a tile (here 8 columns) are cut into column tiles: each reads
+    # its own columns through the table, or its own runs in pairs, where the edge
+    # columns land in the first and the last tile.
+    monkeypatch.setattr(_pallas, "_TILE", 8)
+    rng = np.random.default_rng(8)
+    for in_shape, scales in [((2, 3, 37), (1, 2.0, 2.0)), ((2, 6, 75), (1, 0.5, 0.5))]:
+        x = rng.normal(size=in_shape)
+        out_shape = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+        dy = rng.normal(size=out_shape)
+        c = dict(in_shape=in_shape, out_shape=out_shape, scales=scales, a=0.5, b=-0.5)
+        c.update(mode=mode, rounding="half_up")
+        for launches in (contextlib.nullcontext, paired_launches):
+            jax.clear_caches()  # programs traced with the library's tile
+            with launches():
+                y, dx = both_ways(jnp.asarray(x), jnp.asarray(dy), in_shape, scales, **kwargs(c))
+            assert_matches_references(c, x, dy, y, dx)
+
+
 def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
     axis = _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), linear, "half_up")
     return _plan.plan(axis, transpose)

@@ -505,7 +505,8 @@ def apply(
     source = _dtypes(work, x.dtype)[0]
     view_out = _view(out_shape, first, last)
     launch = _launch(view_out, interpret)
-    flat = launch.channels == 1  # tiles of one channel, which pairs need
+    # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
+    pairable = launch.channels == 1 and launch.cols > 1
     params = None
     if not interpret:
         params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
@@ -515,7 +516,7 @@ def apply(
             row_axes=tuple((plan.n_cols, plan.n_rows) for plan in work.plans[:-1]),
             exact=work.exact,
             launch=launch,
-            pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and flat else None,
+            pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and pairable else None,
         ),
         out_shape=_kernels.varying_as(
             jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
