@@ -3,7 +3,7 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
-                                       [--paired]
+                                       [--paired] [--rows-together]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -34,7 +34,8 @@ costs in registers. ``--paired`` makes the resample kernel read a last axis that
 repeats every two output columns, or every output two input columns, in pairs
 (``_Launch.paired``: NCHW's 2x and 0.5x and their gradients): each tap a
 contiguous run of inputs, loaded in vectors where it starts on one, in place of
-a gather per output.
+a gather per output. ``--rows-together`` gives each resample program of one
+channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -307,6 +308,11 @@ def main() -> None:
         action="store_true",
         help="the resample kernel reads a last axis that repeats every two columns in pairs",
     )
+    parser.add_argument(
+        "--rows-together",
+        action="store_true",
+        help="the resample kernel's programs hold their rows as one tile (one channel only)",
+    )
     args = parser.parse_args()
     try:
         import triton
@@ -337,13 +343,15 @@ def main() -> None:
                 return dataclasses.replace(chosen(*args, **kwargs), **imposed)
 
             patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", imposing))
-        if args.paired:
+        resample_options = {"paired": args.paired, "rows_together": args.rows_together}
+        resample_options = {name: True for name, on in resample_options.items() if on}
+        if resample_options:
             resample_launch = resample_kernels._launch
 
-            def paired(*args: Any, **kwargs: Any) -> Any:
-                return dataclasses.replace(resample_launch(*args, **kwargs), paired=True)
+            def with_options(*args: Any, **kwargs: Any) -> Any:
+                return dataclasses.replace(resample_launch(*args, **kwargs), **resample_options)
 
-            patches.enter_context(mock.patch.object(resample_kernels, "_launch", paired))
+            patches.enter_context(mock.patch.object(resample_kernels, "_launch", with_options))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))

@@ -20,7 +20,8 @@ reads its next row before it computes the current one (``read_ahead``: loads in
 flight during the arithmetic, more registers); for the resample kernel, whether it
 reads a last axis that repeats every two output columns or every output two input
 columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs instead of a
-gather per tap (``paired``; elsewhere the same program); the tile (each side
+gather per tap (``paired``; elsewhere the same program), then whether a program
+of one channel holds its rows as one tile (``rows_together``); the tile (each side
 halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
 each thread's share of the tile and so its registers; then the rows (a quarter to
 four times). A coordinate search: about 37 compiles per op instead of every
@@ -84,7 +85,8 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # read strided NCHW columns in pairs (wider loads, twice the columns); whether they
 # read a row ahead (loads in flight during the arithmetic, more registers); whether
 # the resample kernel reads a last axis that repeats every two columns in pairs
-# (contiguous runs in place of gathers); the tile
+# (contiguous runs in place of gathers), and whether its programs hold their rows
+# as one tile (loads of all rows in flight at once); the tile
 # and the warps together (their ratio is the elements each thread holds, hence its
 # registers); then the rows.
 GROUPS = (
@@ -93,6 +95,7 @@ GROUPS = (
     "strided reads",
     "read ahead",
     "column pairs",
+    "rows together",
     "tile and warps",
     "rows",
 )
@@ -130,6 +133,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "wide_strided_reads",
         "read_ahead",
         "paired",
+        "rows_together",
     )
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
@@ -149,6 +153,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
     elif group == "column pairs":
         options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
+    elif group == "rows together":
+        together = "rows_together" in best
+        options = [{"rows_together": t} for t in (False, True)] if together else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
@@ -172,6 +179,7 @@ def label(fields: dict[str, int]) -> str:
     kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
+    kept += ", rows as one tile" if fields.get("rows_together") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""
     return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 

@@ -199,18 +199,27 @@ def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# The launch options of a resampled last axis, alone and together.
+LAUNCH_OPTIONS = [
+    {},
+    {"paired": True},
+    {"rows_together": True},
+    {"paired": True, "rows_together": True},
+]
+
+
 @contextlib.contextmanager
-def paired_launches():
-    """Every resample kernel launched with its columns read in pairs where they
-    can be (``_Launch.paired``), compiled anew."""
+def launches_with(**fields):
+    """Every resample kernel launched with ``fields`` set (``_Launch.paired``,
+    ``_Launch.rows_together``), where they apply, compiled anew."""
     chosen = _pallas._launch
 
-    def paired(*args, **kwargs):
-        return dataclasses.replace(chosen(*args, **kwargs), paired=True)
+    def launch(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
 
     jax.clear_caches()
     try:
-        with mock.patch.object(_pallas, "_launch", paired):
+        with mock.patch.object(_pallas, "_launch", launch):
             yield
     finally:
         jax.clear_caches()
@@ -248,9 +257,18 @@ def last_axis_configs(draw):
 
 @needs_kernels
 @settings(max_examples=12, deadline=None)
-@given(last_axis_configs(), st.integers(0, 2**31 - 1))
-def test_kernel_reading_columns_in_pairs_matches_reference(c, seed):
-    with paired_launches():
+@given(last_axis_configs(), st.integers(0, 2**31 - 1), st.booleans())
+def test_kernel_reading_columns_in_pairs_matches_reference(c, seed, rows_together):
+    with launches_with(paired=True, rows_together=rows_together):
+        assert_kernel_matches_references(c, seed)
+
+
+# Each example compiles a new interpreted kernel.
+@needs_kernels
+@settings(max_examples=10, deadline=None)
+@given(configs(), st.integers(0, 2**31 - 1))
+def test_kernel_with_rows_together_matches_reference(c, seed):
+    with launches_with(rows_together=True):
         assert_kernel_matches_references(c, seed)
 
 
@@ -259,7 +277,7 @@ def test_kernel_reading_columns_in_pairs_matches_reference(c, seed):
 def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
     # Rows longer than a tile (here 8 columns) are cut into column tiles: each reads
     # its own columns through the table, or its own runs in pairs, where the edge
-    # columns land in the first and the last tile.
+    # columns land in the first and the last tile; a row at a time or together.
     monkeypatch.setattr(_pallas, "_TILE", 8)
     rng = np.random.default_rng(8)
     for in_shape, scales in [((2, 3, 37), (1, 2.0, 2.0)), ((2, 6, 75), (1, 0.5, 0.5))]:
@@ -268,9 +286,9 @@ def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
         dy = rng.normal(size=out_shape)
         c = dict(in_shape=in_shape, out_shape=out_shape, scales=scales, a=0.5, b=-0.5)
         c.update(mode=mode, rounding="half_up")
-        for launches in (contextlib.nullcontext, paired_launches):
+        for launches in LAUNCH_OPTIONS:
             jax.clear_caches()  # programs traced with the library's tile
-            with launches():
+            with launches_with(**launches):
                 y, dx = both_ways(jnp.asarray(x), jnp.asarray(dy), in_shape, scales, **kwargs(c))
             assert_matches_references(c, x, dy, y, dx)
 
@@ -315,22 +333,37 @@ def test_columns_are_read_in_pairs_where_they_repeat_every_two():
 
 @needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_kernel_reading_columns_in_pairs_lowers_for_cuda(mode):
-    # The paired tile's interleave (a join on a new last axis, then a reshape), its
-    # split of column pairs and its merged edges are operations the Triton backend
-    # must lower: NCHW 2x and 0.5x and their gradients, each a program of its own.
-    x = jax.ShapeDtypeStruct((2, 3, 64, 64), jnp.bfloat16)
+def test_kernel_launch_options_lower_for_cuda(mode):
+    # What the launch options add are operations the Triton backend must lower: the
+    # paired tile's interleave (a join on a new last axis, then a reshape), its
+    # split of column pairs, its merged edges; a [rows, columns] tile's row
+    # tables read as vectors. NCHW 2x and 0.5x, a 3-D volume, and their
+    # gradients, each a program of its own under each option.
+    x, volume = (jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in [(2, 3, 64, 64), (1, 2, 8, 8, 16)])
     ops = [
-        lambda x: jaxgrad.resample(x, (1, 1, 2, 2), mode=mode, **KERNEL),
-        lambda x: jaxgrad.resample_grad(x, (2, 3, 128, 128), (1, 1, 0.5, 0.5), mode=mode, **KERNEL),
-        lambda x: jaxgrad.resample(x, (1, 1, 0.5, 0.5), mode=mode, **KERNEL),
-        lambda x: jaxgrad.resample_grad(x, (2, 3, 32, 32), (1, 1, 2, 2), mode=mode, **KERNEL),
+        (lambda x: jaxgrad.resample(x, (1, 1, 2, 2), mode=mode, **KERNEL), x),
+        (lambda x: jaxgrad.resample(x, (1, 1, 0.5, 0.5), mode=mode, **KERNEL), x),
+        (
+            lambda x: jaxgrad.resample_grad(
+                x, (2, 3, 128, 128), (1, 1, 0.5, 0.5), mode=mode, **KERNEL
+            ),
+            x,
+        ),
+        (lambda x: jaxgrad.resample_grad(x, (2, 3, 32, 32), (1, 1, 2, 2), mode=mode, **KERNEL), x),
+        (lambda x: jaxgrad.resample(x, (1, 1, 2, 2, 2), mode=mode, **KERNEL), volume),
+        (
+            lambda x: jaxgrad.resample_grad(
+                x, (1, 2, 4, 4, 8), (1, 1, 2, 2, 2), mode=mode, **KERNEL
+            ),
+            volume,
+        ),
     ]
-    for op in ops:
-        table = lowered_text(op, x, platform="cuda")
-        with paired_launches():
-            paired = lowered_text(op, x, platform="cuda")
-        assert paired.count(TRITON_CALL) == 1 and paired != table
+    for op, operand in ops:
+        table = lowered_text(op, operand, platform="cuda")
+        for fields in LAUNCH_OPTIONS[1:]:
+            with launches_with(**fields):
+                text = lowered_text(op, operand, platform="cuda")
+            assert text.count(TRITON_CALL) == 1 and text != table, fields
 
 
 @needs_kernels
@@ -342,7 +375,7 @@ def test_kernel_reading_columns_in_pairs_in_every_float_dtype(dtype, mode):
     rng = np.random.default_rng(7)
     for scales in [(1, 1, 2.0, 2.0), (1, 1, 0.5, 0.5)]:
         x = jnp.asarray(rng.normal(size=(2, 3, 6, 20)), dtype)
-        with paired_launches():
+        with launches_with(paired=True):
             y = jaxgrad.resample(x, scales, mode=mode, **KERNEL)
             dy = jnp.asarray(rng.normal(size=y.shape), dtype)
             dx = jaxgrad.resample_grad(dy, x.shape, scales, mode=mode, **KERNEL)

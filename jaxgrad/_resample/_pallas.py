@@ -95,6 +95,10 @@ class _Launch:
     # contiguous run of inputs (or of input pairs) and form the outputs in
     # registers, instead of gathering every output's taps through the column table.
     paired: bool = False
+    # With tiles of one channel: a program's rows as one 2-D tile, whose loads are
+    # issued together, instead of one row after another; for short rows (a 3-D
+    # volume's 128 columns), whose programs otherwise hold one element a thread.
+    rows_together: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
         """``lanes`` as indices into an axis of ``size``, for a masked access."""
@@ -208,32 +212,44 @@ def _kernel(
     cols = _kernels.lanes(col_block, launch.cols)
     chans_inside, cols_inside = chans < channels, cols < cols_out
     col_taps = int(col_index_ref.shape[1])
-    # With one channel (a resampled last axis) a tile is a vector of columns: as a
-    # [columns, 1] block it would leave Triton no contiguous minor axis to load and
-    # store in vectors.
+    # With one channel (a resampled last axis) a tile is a vector of columns (a
+    # [columns, 1] block would leave Triton no contiguous minor axis to load and
+    # store in vectors), or with the rows together a [rows, columns] block.
     flat = launch.channels == 1
+    together = flat and launch.rows_together
+    lead = (launch.rows,) if together else ()  # a tile's shape before its columns
 
-    def tile_of(per_lane: jax.Array) -> jax.Array:
-        """A value per lane, as a tile's shape (broadcast over its channels)."""
-        return per_lane if flat else per_lane[:, None]
+    def per_lane(values: jax.Array) -> jax.Array:
+        """A value per column, in a tile's shape."""
+        return values[None, :] if together else values if flat else values[:, None]
+
+    def per_row(values: jax.Array) -> jax.Array:
+        """A value per row (a scalar, one row at a time), in a tile's shape; one
+        value for every row (a 1-D resample has no row taps) is repeated."""
+        return jnp.broadcast_to(values, lead)[:, None] if together else values
 
     def tile_at(
-        lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
+        row: Any, row_ok: Any, lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
     ) -> tuple[tuple[Any, ...], jax.Array]:
-        """The (column, channel) index and the mask of a tile's elements."""
+        """The index and the mask of a tile's elements: the row or rows ``row``
+        (``row_ok``) at the columns ``lane_index`` (``lanes_ok``), its channels."""
         if flat:
-            return (lane_index, 0), lanes_ok
+            inside = per_row(row_ok) & per_lane(lanes_ok)
+            return (b, per_row(row), per_lane(lane_index), 0), inside
         chan_index = launch.index(chans, channels, store=store)
-        return (lane_index[:, None], chan_index[None, :]), tile_of(lanes_ok) & chans_inside[None, :]
+        inside = (row_ok & lanes_ok)[:, None] & chans_inside[None, :]
+        return (b, row, lane_index[:, None], chan_index[None, :]), inside
 
     def zeros(lanes: int) -> jax.Array:
-        return jnp.zeros((lanes,) if flat else (lanes, launch.channels), dtype)
+        return jnp.zeros((*lead, lanes) if flat else (lanes, launch.channels), dtype)
 
     def read(in_row: Any, row_ok: Any, in_cols: jax.Array, lanes_ok: jax.Array) -> jax.Array:
-        """The tile of input row ``in_row`` at the columns ``in_cols``; zero where a
-        tap is missing or a lane is not ``lanes_ok``."""
-        where, inside = tile_at(launch.index(in_cols, cols_in), row_ok & (in_cols >= 0) & lanes_ok)
-        index = (b, jnp.clip(in_row, 0, rows_in - 1), *where)
+        """The tile of input row(s) ``in_row`` at the columns ``in_cols``; zero where
+        a tap is missing or a lane is not ``lanes_ok``."""
+        row = jnp.clip(in_row, 0, rows_in - 1)
+        index, inside = tile_at(
+            row, row_ok, launch.index(in_cols, cols_in), (in_cols >= 0) & lanes_ok
+        )
         return plgpu.load(x_ref.at[index], mask=inside, other=0).astype(dtype)
 
     def read_one(in_row: Any, row_ok: Any, in_col: int) -> jax.Array:
@@ -267,7 +283,7 @@ def _kernel(
 
             def col_term(u: Any) -> jax.Array:
                 index, weight = col_tap(u)
-                return read(in_row, row_ok, index, inside) * tile_of(weight)
+                return read(in_row, row_ok, index, inside) * per_lane(weight)
 
             return _sum(col_taps, col_term, zeros(lanes.shape[0]))
 
@@ -294,8 +310,8 @@ def _kernel(
                 if pairs.inputs == 1:
                     runs[start] = [tile]
                 else:  # the even columns, then the odd
-                    split = jnp.split(tile.reshape(lanes, 2), 2, axis=1)
-                    runs[start] = [column.reshape(lanes) for column in split]
+                    split = jnp.split(tile.reshape(*lead, lanes, 2), 2, axis=-1)
+                    runs[start] = [column.reshape(*lead, lanes) for column in split]
             return runs[start][half]
 
         def summed(taps: _Taps, value: Callable[[int], jax.Array], lanes: int) -> jax.Array:
@@ -307,17 +323,20 @@ def _kernel(
             return total
 
         sums = [summed(taps, run, lanes) for taps in pairs.taps]
-        tile = sums[0] if pairs.outputs == 1 else jnp.stack(sums, axis=-1).reshape(launch.cols)
+        if pairs.outputs == 1:
+            tile = sums[0]
+        else:
+            tile = jnp.stack(sums, axis=-1).reshape(*lead, launch.cols)
         for col, taps in pairs.edges:
             element = functools.partial(read_one, in_row, row_ok)
-            tile = jnp.where(cols == col, summed(taps, element, 1), tile)
+            tile = jnp.where(per_lane(cols) == col, summed(taps, element, 1), tile)
         return tile
 
     # Built outside the row loop: the column table's taps are loaded once.
     columns = paired if pairs else tabled(cols, cols_inside)
 
-    def output_row(r: Any, carry: None) -> None:
-        o = first + r
+    def output_rows(o: Any) -> None:
+        """Computes and stores output row ``o``, or the rows ``o`` together."""
         # The output row's index along each row axis (the last varies fastest).
         # Past the last row (a short last block) the tables are read at the last
         # row, inside them, and nothing is stored.
@@ -352,19 +371,20 @@ def _kernel(
 
             def row_term(t: Any) -> jax.Array:
                 in_row, ok, row_weight = row_tap(t)
-                return columns(in_row, ok) * jnp.asarray(row_weight, dtype)
+                return columns(in_row, ok) * per_row(jnp.asarray(row_weight, dtype))
 
             return _sum(math.prod(row_taps), row_term, zeros(lanes))
 
         total = row_sum(columns, launch.cols)
-        where, inside = tile_at(
-            launch.index(cols, cols_out, store=True), (o < rows_out) & cols_inside, store=True
-        )
-        index = (b, jnp.minimum(o, rows_out), *where)
+        lane_index = launch.index(cols, cols_out, store=True)
+        row = jnp.minimum(o, rows_out)
+        index, inside = tile_at(row, o < rows_out, lane_index, cols_inside, store=True)
         plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
-        return carry
 
-    lax.fori_loop(0, launch.rows, output_row, None)
+    if together:
+        output_rows(first + jnp.arange(launch.rows, dtype=jnp.int32))
+    else:
+        lax.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
 
 
 def _view(shape: tuple[int, ...], first: int, last: int) -> tuple[int, int, int, int]:
