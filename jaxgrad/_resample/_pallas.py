@@ -229,16 +229,15 @@ def _kernel(
         return jnp.broadcast_to(values, lead)[:, None] if together else values
 
     def tile_at(
-        row: Any, row_ok: Any, lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
+        row_ok: Any, lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
     ) -> tuple[tuple[Any, ...], jax.Array]:
-        """The index and the mask of a tile's elements: the row or rows ``row``
-        (``row_ok``) at the columns ``lane_index`` (``lanes_ok``), its channels."""
+        """A tile's index past its row (columns ``lane_index``, channels) and its
+        mask: the row or rows ``row_ok`` at the columns ``lanes_ok``."""
         if flat:
-            inside = per_row(row_ok) & per_lane(lanes_ok)
-            return (b, per_row(row), per_lane(lane_index), 0), inside
+            return (per_lane(lane_index), 0), per_row(row_ok) & per_lane(lanes_ok)
         chan_index = launch.index(chans, channels, store=store)
         inside = (row_ok & lanes_ok)[:, None] & chans_inside[None, :]
-        return (b, row, lane_index[:, None], chan_index[None, :]), inside
+        return (lane_index[:, None], chan_index[None, :]), inside
 
     def zeros(lanes: int) -> jax.Array:
         return jnp.zeros((*lead, lanes) if flat else (lanes, launch.channels), dtype)
@@ -246,10 +245,8 @@ def _kernel(
     def read(in_row: Any, row_ok: Any, in_cols: jax.Array, lanes_ok: jax.Array) -> jax.Array:
         """The tile of input row(s) ``in_row`` at the columns ``in_cols``; zero where
         a tap is missing or a lane is not ``lanes_ok``."""
-        row = jnp.clip(in_row, 0, rows_in - 1)
-        index, inside = tile_at(
-            row, row_ok, launch.index(in_cols, cols_in), (in_cols >= 0) & lanes_ok
-        )
+        where, inside = tile_at(row_ok, launch.index(in_cols, cols_in), (in_cols >= 0) & lanes_ok)
+        index = (b, per_row(jnp.clip(in_row, 0, rows_in - 1)), *where)
         return plgpu.load(x_ref.at[index], mask=inside, other=0).astype(dtype)
 
     def read_one(in_row: Any, row_ok: Any, in_col: int) -> jax.Array:
@@ -377,8 +374,8 @@ def _kernel(
 
         total = row_sum(columns, launch.cols)
         lane_index = launch.index(cols, cols_out, store=True)
-        row = jnp.minimum(o, rows_out)
-        index, inside = tile_at(row, o < rows_out, lane_index, cols_inside, store=True)
+        where, inside = tile_at(o < rows_out, lane_index, cols_inside, store=True)
+        index = (b, per_row(jnp.minimum(o, rows_out)), *where)
         plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
 
     if together:
