@@ -324,8 +324,8 @@ def _kernel(
             tile = sums[0]
         else:
             tile = jnp.stack(sums, axis=-1).reshape(*lead, launch.cols)
+        element = functools.partial(read_one, in_row, row_ok)
         for col, taps in pairs.edges:
-            element = functools.partial(read_one, in_row, row_ok)
             tile = jnp.where(per_lane(cols) == col, summed(taps, element, 1), tile)
         return tile
 
