@@ -293,6 +293,22 @@ def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
             assert_matches_references(c, x, dy, y, dx)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.bool_, jnp.bfloat16])
+def test_kernel_launch_options_move_nearest_values_exactly(dtype):
+    # Under either option a nearest forward still moves values as they are, in any
+    # dtype (bool as uint8): the same as the portable program's, bit for bit.
+    rng = np.random.default_rng(9)
+    x = jnp.asarray(rng.integers(-100, 100, size=(2, 3, 5, 12)), dtype)
+    for scales in [(1, 1, 2.0, 2.0), (1, 1, 0.5, 0.5)]:
+        portable = jaxgrad.resample(x, scales, implementation="xla")
+        for fields in LAUNCH_OPTIONS[1:]:
+            with launches_with(**fields):
+                kernel = jaxgrad.resample(x, scales, **KERNEL)
+            assert kernel.dtype == dtype
+            np.testing.assert_array_equal(np.asarray(kernel), np.asarray(portable), str(fields))
+
+
 def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
     axis = _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), linear, "half_up")
     return _plan.plan(axis, transpose)
