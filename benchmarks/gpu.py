@@ -775,6 +775,14 @@ def resample_shapes(shape: tuple, axes: tuple, scale: float) -> tuple[tuple, tup
     return scales, out
 
 
+def resample_operands(key: jax.Array, shape: tuple, out: tuple, dtype: Any) -> tuple:
+    """A resample case's input and output gradient in ``dtype``, drawn on the
+    device: half a billion normal samples for a 2x gradient take seconds to draw
+    and copy on the host."""
+    x_key, dy_key = jax.random.split(key)
+    return jax.random.normal(x_key, shape, dtype), jax.random.normal(dy_key, out, dtype)
+
+
 def jaxgrad_resample(shape: tuple, scales: tuple, mode: str, impl: str | None) -> dict:
     kw = dict(mode=mode, implementation=impl)
     return {
@@ -880,8 +888,8 @@ def resample_speed(
     row)``, the relative error of each timed program against float64
     (``float64_result``) on the batch's first and last entries (``batch_ends``),
     and ``("resample_speed", row)``, the times of one op. The operands are drawn
-    on the device (``key``) and PyTorch's share their memory: a 2x gradient's
-    half a billion normal samples take seconds to draw and copy on the host.
+    on the device (``resample_operands``, from ``key``) and PyTorch's share their
+    memory.
     jaxgrad's programs of a case and dtype compile first (``first_results``),
     then the peers one at a time. A speed row's ``seconds`` are the wall time
     since the row before it, and its ``phases`` how they divide, as in the
@@ -892,10 +900,8 @@ def resample_speed(
         # The float64 references' programs, for the batch's ends, compiled once for every dtype.
         reference = jaxgrad_resample((min(shape[0], 2), *shape[1:]), scales, mode, "xla")
         name = resample_case_name(layout, shape, mode, scale)
-        x_key, dy_key = jax.random.split(jax.random.fold_in(key, i))
         for dtype in DTYPES:
-            x = jax.random.normal(x_key, shape, dtype)
-            dy = jax.random.normal(dy_key, out, dtype)
+            x, dy = resample_operands(jax.random.fold_in(key, i), shape, out, dtype)
             args = {"forward": x, "backward": dy}
             ours = {
                 (op, label): partial(jaxgrad_resample(shape, scales, mode, impl)[op], args[op])

@@ -256,12 +256,7 @@ def resample_ops(
     """resample and its gradient with the kernel forced, their arrays, and their
     peers: jax.image.resize and its VJP, and PyTorch where it is installed."""
     scales, out = gpu.resample_shapes(shape, axes, scale)
-    # Drawn on the device, as gpu.py draws them: half a billion samples for a 2x
-    # gradient take seconds on the host.
-    x, dy = (
-        jax.random.normal(k, s, dtype)
-        for k, s in zip(jax.random.split(jax.random.key(0)), (shape, out), strict=True)
-    )
+    x, dy = gpu.resample_operands(jax.random.key(0), shape, out, dtype)
     ours = gpu.jaxgrad_resample(shape, scales, mode, "pallas")
     image = gpu.image_resize(shape, out, mode)
     peers = {
