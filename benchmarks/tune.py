@@ -15,17 +15,19 @@ unrolled at 32, looped over or cut into groups at 16), then whether a program ke
 the input rows that consecutive rows share in registers (``reuse_rows``: fewer
 loads, more registers), then whether an NCHW forward or filter gradient at column
 stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
-loads, twice the columns read; elsewhere the same program), then whether a program
-reads its next row before it computes the current one (``read_ahead``: loads in
-flight during the arithmetic, more registers); for the resample kernel, whether it
-reads a last axis that repeats every two output columns or every output two input
-columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs instead of a
-gather per tap (``paired``; elsewhere the same program), then whether a program
-of one channel holds its rows as one tile (``rows_together``); the tile (each side
-halved, kept or doubled) together with the warps (2, 4, 8), since their ratio sets
-each thread's share of the tile and so its registers; then the rows (a quarter to
-four times). A coordinate search: about 37 compiles per op instead of every
-combination's 3240. Every case of both families is well over two thousand
+loads, twice the columns read; elsewhere the same program), then whether an NCHW
+input gradient at column stride 2 writes both column phases as one run
+(``wide_strided_writes``: wide stores, both phases' sums at once), then whether
+a program reads its next row before it computes the current one (``read_ahead``:
+loads in flight during the arithmetic, more registers); for the resample kernel,
+whether it reads a last axis that repeats every two output columns or every
+output two input columns (NCHW's 2x and 0.5x and their gradients) as contiguous
+runs instead of a gather per tap (``paired``; elsewhere the same program), then
+whether a program of one channel holds its rows as one tile (``rows_together``);
+the tile (each side halved, kept or doubled) together with the warps (2, 4, 8),
+since their ratio sets each thread's share of the tile and so its registers; then
+the rows (a quarter to four times). A coordinate search: about 38 compiles per op instead of every
+combination's 6480. Every case of both families is well over two thousand
 compiles, so pick cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC
 bfloat16" --ops backprop_filter``), and groups with ``--groups``: ``--groups "read
 ahead"`` times the current launch against the one that differs in that option
@@ -82,8 +84,9 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # kernels hold in registers (a filter of more taps loads them where it uses them, or
 # sums them in groups of programs); whether they keep the input rows that
 # consecutive rows share in registers (fewer loads, more registers); whether they
-# read strided NCHW columns in pairs (wider loads, twice the columns); whether they
-# read a row ahead (loads in flight during the arithmetic, more registers); whether
+# read strided NCHW columns in pairs (wider loads, twice the columns), or write
+# them in pairs (wider stores, both phases' sums at once); whether they read a row
+# ahead (loads in flight during the arithmetic, more registers); whether
 # the resample kernel reads a last axis that repeats every two columns in pairs
 # (contiguous runs in place of gathers), and whether its programs hold their rows
 # as one tile (loads of all rows in flight at once); the tile
@@ -93,6 +96,7 @@ GROUPS = (
     "taps",
     "rows kept",
     "strided reads",
+    "strided writes",
     "read ahead",
     "column pairs",
     "rows together",
@@ -131,6 +135,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "reuse_rows",
         "taps",
         "wide_strided_reads",
+        "wide_strided_writes",
         "read_ahead",
         "paired",
         "rows_together",
@@ -149,6 +154,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     elif group == "strided reads":
         wide = "wide_strided_reads" in best
         options = [{"wide_strided_reads": w} for w in (False, True)] if wide else [{}]
+    elif group == "strided writes":
+        wide = "wide_strided_writes" in best
+        options = [{"wide_strided_writes": w} for w in (False, True)] if wide else [{}]
     elif group == "read ahead":
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
     elif group == "column pairs":
@@ -177,6 +185,7 @@ def label(fields: dict[str, int]) -> str:
     tile = f"{fields['cols']}x{fields['channels']}"
     kept = ", rows kept" if fields.get("reuse_rows") else ""
     kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
+    kept += ", strided columns written in pairs" if fields.get("wide_strided_writes") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""

@@ -467,6 +467,57 @@ def test_strided_columns_read_in_pairs(kernel, dilations, padding, m, monkeypatc
 
 @needs_kernels
 @pytest.mark.parametrize(
+    ("kernel", "strides", "dilations", "padding", "m", "width", "reuse_rows"),
+    [
+        # Phase 0 takes taps 0 and 2, phase 1 tap 1, which reads phase 0's tap 0's
+        # tile; an odd width leaves phase 1 a column short.
+        ((3, 3), (1, 2), (1, 1), "SAME", 1, 15, False),
+        ((3, 3), (1, 2), (1, 1), "SAME", 1, 15, True),  # the shared tile kept too
+        # Every tap in phase 0 (an even dilation): phase 1's columns are zeros; the
+        # channels are repeated in registers and summed before the write.
+        ((2, 3), (2, 2), (1, 2), "VALID", 2, 14, False),
+        # A multiplier not repeated (lists of tiles), rows skipped at stride 2, with
+        # kept rows read before the branch.
+        ((3, 2), (2, 2), (1, 3), "EXPLICIT", 3, 15, True),
+        # More taps than a program holds: the loop over the filter rows.
+        ((5, 4), (1, 2), (1, 1), "SAME", 1, 15, False),
+    ],
+)
+def test_strided_columns_written_in_pairs(
+    kernel, strides, dilations, padding, m, width, reuse_rows, monkeypatch
+):
+    # In NCHW at column stride 2 a launch may compute both column phases of the input
+    # gradient's tile and write them interleaved as one run, rather than each phase's
+    # every other column alone. Each phase sums the same products in the same order
+    # either way: the same bits. An infinite output gradient in the last column
+    # reaches exactly the input pixels that read it.
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
+    chosen = _pallas._launch
+    monkeypatch.setattr(
+        _pallas,
+        "_launch",
+        lambda *args: dataclasses.replace(chosen(*args), reuse_rows=reuse_rows),
+    )
+    explicit = ((1, 2), (2, 0)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
+    cfg = make_cfg((2, 9, width, 3), (*kernel, 3, m), strides, dilations, padding, explicit)
+    (x, f, dy), (_, f64, dy64) = operands(cfg, "NCHW", jnp.float32, seed=m)
+    last = cfg["geom"][1][0] - 1  # the output's last column
+    dy64[1, 2, last, 3 * m - 1] = np.inf
+    dy = dy.at[1, 3 * m - 1, 2, last].set(jnp.inf)
+    ops = {"backprop_input": three_ops(cfg, "NCHW", implementation="pallas")["backprop_input"]}
+    got, given = under_both_launches(monkeypatch, "wide_strided_writes", ops, "NCHW", x, f, dy)
+    assert {launch.wide_strided_writes for launch in given} == {False, True}
+    assert all(launch.rows > 1 for launch in given)
+    np.testing.assert_array_equal(got[True]["backprop_input"], got[False]["backprop_input"])
+    want = ref_backprop_input(f64, dy64, cfg)
+    finite = np.isfinite(want)
+    assert not finite.all()
+    np.testing.assert_array_equal(got[True]["backprop_input"][~finite], want[~finite])
+    assert relative_error(got[True]["backprop_input"][finite], want[finite]) < 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize(
     ("data_format", "channels", "m", "repeats"),
     [
         ("NHWC", 3, 2, True),

@@ -23,8 +23,10 @@ another fixed order.
   over the taps and multipliers, the output-gradient pixels that read it through
   that tap (a gather). At a stride ``sw`` the same tap columns reach every
   column ``c * sw + phase`` of one phase, so a tile holds one phase's columns
-  and reads only the taps that reach them, at consecutive output columns; at a
-  stride ``sh`` a branch skips the filter rows that reach no output row.
+  and reads only the taps that reach them, at consecutive output columns (in
+  NCHW at stride 2 a program may hold both phases and write them interleaved,
+  ``_Launch.wide_strided_writes``); at a stride ``sh`` a branch skips the
+  filter rows that reach no output row.
 - filter gradient: a program sums ``window * dy`` over a block of rows for a
   group of taps, in registers, and writes one partial per tap; a second, small
   kernel adds the partials of all programs up in a fixed order.
@@ -36,7 +38,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +77,13 @@ class _Launch:
     # (an arange plus an offset) in wide loads. Whether the wider reads pay for
     # the registers the pairs take is measured per kernel (``_CUTS``).
     wide_strided_reads: bool = False
+    # Whether an NCHW input gradient at column stride 2 computes both column phases
+    # of its tile, columns ``2c`` and ``2c + 1``, and writes them interleaved as one
+    # run, rather than write each phase's every other column alone: the strided
+    # stores go one element at a time, the run in wide stores. The phases then share
+    # the output-gradient tiles they both read, and hold their sums at once
+    # (``_CUTS`` says which kernels write so).
+    wide_strided_writes: bool = False
     # Whether a program reads the tiles of its next row before it computes the
     # current one, holding them in registers until then. A warp waits for a load
     # where its value is first used, not where it is issued: reading a row ahead
@@ -111,9 +120,10 @@ class _Cut:
     """How one kernel cuts its work in one layout: the elements of its tile, the
     channels the tile spans at most (the columns get the rest), the warps of a
     program, whether a program keeps shared input rows (``_Launch.reuse_rows``),
-    the taps it holds in registers (``_Launch.taps``), and whether it reads strided
-    columns in pairs (``_Launch.wide_strided_reads``), and whether it reads a row
-    ahead (``_Launch.read_ahead``)."""
+    the taps it holds in registers (``_Launch.taps``), whether it reads or writes
+    strided columns in pairs (``_Launch.wide_strided_reads``,
+    ``_Launch.wide_strided_writes``), and whether it reads a row ahead
+    (``_Launch.read_ahead``)."""
 
     tile: int
     most_channels: int
@@ -121,6 +131,7 @@ class _Cut:
     reuse_rows: bool = False
     taps: int = 16
     wide_strided_reads: bool = False
+    wide_strided_writes: bool = False
     read_ahead: bool = False
 
 
@@ -131,6 +142,9 @@ class _Cut:
 # gradient keeps its rows: it holds no taps, so the kept windows fit beside its sums.
 # The NCHW forward and filter gradient read strided columns in pairs: timed against
 # every other column read alone, the wide loads paid for the registers they take.
+# The NCHW input gradient writes them in pairs, which takes no more registers than
+# every other column written alone (benchmarks/kernel_report.py), in fewer loads
+# and stores.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
@@ -138,7 +152,7 @@ _CUTS = {
     ("forward", "NCHW"): _Cut(
         tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
     ),
-    ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4),
+    ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4, wide_strided_writes=True),
     ("filter", "NCHW"): _Cut(
         tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
     ),
@@ -180,6 +194,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         reuse_rows=cut.reuse_rows,
         taps=cut.taps,
         wide_strided_reads=cut.wide_strided_reads,
+        wide_strided_writes=cut.wide_strided_writes,
         read_ahead=cut.read_ahead,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
@@ -325,6 +340,10 @@ def _struct(shape: tuple[int, ...], dtype: Any) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
 
 
+# A sum, or a list of sums, carried through a loop.
+_Sums = TypeVar("_Sums")
+
+
 class _Taps:
     """The filter taps of a program's output channels, and the loop over the filter
     rows that uses them.
@@ -368,9 +387,7 @@ class _Taps:
         f_ref, launch, lanes, dtype = self._source
         return _tap_vector(f_ref, launch, t, lanes[i], dtype)
 
-    def sum_over_filter_rows(
-        self, body: Callable[[Any, jax.Array], jax.Array], total: jax.Array
-    ) -> jax.Array:
+    def sum_over_filter_rows(self, body: Callable[[Any, _Sums], _Sums], total: _Sums) -> _Sums:
         """``total = body(di, total)`` for the filter rows ``di`` in order, in a
         loop (the taps are loaded where they are used, not unrolled)."""
         return lax.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
@@ -621,10 +638,40 @@ def _phase_taps(conv: Conv, phase: int) -> list[int]:
     return [dj for dj in range(conv.kernel[1]) if (phase + left - dj * dw) % sw == 0]
 
 
-def _phase_columns(block: Any, conv: Conv, phase: int) -> Any:
-    """The input columns ``c * sw + phase`` for the indices ``c`` of ``block``."""
+def _column_shift(conv: Conv, phase: int, dj: int) -> int:
+    """Where the output columns lie that tap column ``dj`` brings to the input
+    columns ``c * sw + phase`` of a phase it reaches (``_phase_taps``): at ``c``
+    plus this shift."""
+    sw, dw, left = conv.strides[1], conv.dilations[1], conv.pads[1][0]
+    return (phase + left - dj * dw) // sw
+
+
+def _phase_columns(col_block: Any, cols: int, conv: Conv, phases: tuple[int, ...]) -> Any:
+    """The input columns ``c * sw + phase`` for the ``cols`` indices ``c`` of
+    column block ``col_block``; for both phases of stride 2
+    (``_writes_column_pairs``), the ``2 * cols`` columns ``2c`` and ``2c + 1``
+    in order."""
+    if len(phases) == 2:
+        return _kernels.lanes(col_block, 2 * cols)
+    block = _kernels.lanes(col_block, cols)
     sw = conv.strides[1]
-    return block if sw == 1 else block * sw + phase
+    return block if sw == 1 else block * sw + phases[0]
+
+
+def _writes_column_pairs(conv: Conv, launch: _Launch) -> bool:
+    """Whether the input gradient writes both column phases of its tile as one run
+    (``_Launch.wide_strided_writes``): in NCHW, whose columns are the minor axis,
+    at column stride 2."""
+    return launch.wide_strided_writes and conv.nchw and conv.strides[1] == 2
+
+
+def _interleave_columns(even: jax.Array, odd: jax.Array) -> jax.Array:
+    """``[cols, k]`` twice to ``[2 * cols, k]``: row ``2c`` holds ``even``'s row
+    ``c``, row ``2c + 1`` ``odd``'s. Triton stacks two tiles only along a new
+    minor axis, so the pairs are formed there and moved beside their rows."""
+    cols, k = even.shape
+    pairs = jnp.stack([even, odd], axis=-1)  # [cols, k, 2]
+    return jnp.swapaxes(pairs, 1, 2).reshape(2 * cols, k)
 
 
 def _reached_gradients(
@@ -634,22 +681,20 @@ def _reached_gradients(
     n: Any,
     p: Any,
     block: Any,
-    phase: int,
     di: Any,
-    dj: int,
+    shift: int,
     out_lanes: list[jax.Array],
     dtype: Any,
 ) -> list[jax.Array]:
-    """The output-gradient tiles tap ``(di, dj)`` brings to input row ``p`` and
-    the columns of ``phase`` at ``block``, one per list of output lanes; tap
-    column ``dj`` reaches that phase (``_phase_taps``). The output columns are
-    then ``block`` plus an offset, which Triton can read in vectorized loads.
-    Rows no output reads through the tap, and columns past the output's edges,
-    are masked."""
-    (sh, sw), (dh, dw) = conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
+    """The output-gradient tiles a tap of filter row ``di`` brings to input row
+    ``p`` and the columns of a phase it reaches, one per list of output lanes: the
+    output columns ``block + shift`` (``_column_shift``), an ``arange`` plus an
+    offset, which Triton can read in vectorized loads. Rows no output reads
+    through the tap, and columns past the output's edges, are masked."""
+    sh, dh = conv.strides[0], conv.dilations[0]
+    top = conv.pads[0][0]
     i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
-    j = block + (phase + left - dj * dw) // sw
+    j = block + shift
     reached = row_reached & ((j >= 0) & (j < conv.out_size[1]))
     return [
         _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes
@@ -660,7 +705,8 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     dtype = _checks.compute_dtype(dy_ref.dtype)
     m = conv.multiplier
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
-    block = _kernels.lanes(pl.program_id(2), launch.cols)
+    col_block = pl.program_id(2)
+    block = _kernels.lanes(col_block, launch.cols)
     repeats = _repeats(conv)
     if repeats:
         # The lanes are output channels, read in contiguous tiles; each input
@@ -680,76 +726,89 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
             total = total + grad * taps(t, q)[None, :]
         return total
 
-    def if_row_reached(
-        p: Any, di: Any, add_row: Callable[[jax.Array], jax.Array], total: jax.Array
-    ) -> jax.Array:
-        """``add_row(total)`` where an output row reads input row ``p`` through
-        filter row ``di``, else ``total``. At a stride ``sh`` a filter row
+    def if_row_reached(p: Any, di: Any, add_row: Callable[[Any], Any], totals: Any) -> Any:
+        """``add_row(totals)`` where an output row reads input row ``p`` through
+        filter row ``di``, else ``totals``. At a stride ``sh`` a filter row
         reaches one input row in ``sh``, so a branch skips the loads and products
         of the others; at stride 1 it reaches all but those at the edges, whose
-        loads stay masked, without a branch."""
+        loads stay masked, without a branch. Which rows a filter row reaches does
+        not depend on the column phase: one branch serves every phase."""
         sh, top = conv.strides[0], conv.pads[0][0]
         if sh == 1:
-            return add_row(total)
+            return add_row(totals)
         _, reached = _source(p, top - di * dh, sh, conv.out_size[0])
-        return lax.cond(reached, add_row, lambda total: total, total)  # type: ignore[no-any-return]
+        return lax.cond(reached, add_row, lambda totals: totals, totals)
 
-    def phase_rows(phase: int) -> None:
-        """Writes the program's rows at the input columns of ``phase``. Each tap
-        column reaches all of them or none (``_phase_taps``), so only the taps
-        that reach them are read, each at the output columns ``block`` plus an
-        offset: at stride 1 there is one phase, every tap reaches it."""
-        dj_reaching = _phase_taps(conv, phase)
-        reaching = [di * fw + dj for di in range(fh) for dj in dj_reaching]
-        cols = _phase_columns(block, conv, phase)
+    def phases_rows(phases: tuple[int, ...]) -> None:
+        """Writes the program's rows at the input columns of ``phases``: one phase,
+        or both of stride 2, interleaved (``_writes_column_pairs``). Each tap
+        column reaches all of a phase's columns or none (``_phase_taps``), so only
+        the taps that reach them are read, each at the output columns ``block``
+        plus a shift: at stride 1 there is one phase, every tap reaches it. Taps of
+        one filter row with the same shift (one in each phase) read one tile."""
+        reaching = {
+            phase: [di * fw + dj for di in range(fh) for dj in _phase_taps(conv, phase)]
+            for phase in phases
+        }
 
-        def gradients(p: Any, di: Any, dj: int) -> list[jax.Array]:
+        def source(phase: int, t: int) -> tuple[int, int]:
+            """The filter row and the shift of the tile that tap ``t`` reads."""
+            di, dj = divmod(t, fw)
+            return di, _column_shift(conv, phase, dj)
+
+        def gradients(p: Any, di: Any, shift: int) -> list[jax.Array]:
             return _reached_gradients(
-                dy_ref, conv, launch, n, p, block, phase, di, dj, out_lanes, dtype
+                dy_ref, conv, launch, n, p, block, di, shift, out_lanes, dtype
             )
 
-        def write(p: Any, total: jax.Array) -> None:
+        def write(p: Any, totals: list[jax.Array]) -> None:
             if repeats:
-                total = _sum_lane_groups(total, m)
-            _write(dx_ref, conv, launch, n, p, cols, chans, total)
+                totals = [_sum_lane_groups(total, m) for total in totals]
+            tile = totals[0] if len(totals) == 1 else _interleave_columns(*totals)
+            cols = _phase_columns(col_block, launch.cols, conv, phases)
+            _write(dx_ref, conv, launch, n, p, cols, chans, tile)
 
         if taps.unrolled:
+            # The tiles the phases read, each once, by (filter row, shift).
+            sources = list(dict.fromkeys(source(p, t) for p in phases for t in reaching[p]))
             # Input row p + 1's filter row di reads the output-gradient row that
             # filter row di - 1 reads for row p, when the filter is not dilated.
-            shared = _shared_taps(launch, fh, fw, -1 if dh == 1 else None)
+            keep = launch.reuse_rows and dh == 1
+            reused = [
+                sources.index((di - 1, shift)) if keep and di > 0 else None for di, shift in sources
+            ]
 
-            def read(t: int) -> Callable[[Any], list[jax.Array]]:
-                return lambda r: gradients(first + r, *divmod(t, fw))
+            def read(k: int) -> Callable[[Any], list[jax.Array]]:
+                return lambda r: gradients(first + r, *sources[k])
 
             def add_filter_row(
-                item: Callable[[int], list[jax.Array]], di: int, total: jax.Array
-            ) -> jax.Array:
-                for k, t in enumerate(reaching):
-                    if t // fw == di:
-                        total = add_tap(t, item(k), total)
-                return total
+                item: Callable[[int], list[jax.Array]], di: int, totals: list[jax.Array]
+            ) -> list[jax.Array]:
+                added = []
+                for phase, total in zip(phases, totals, strict=True):
+                    for t in reaching[phase]:
+                        if t // fw == di:
+                            total = add_tap(t, item(sources.index(source(phase, t))), total)
+                    added.append(total)
+                return added
 
             def sum_row(r: Any, item: Callable[[int], list[jax.Array]], carry: None) -> None:
                 p = first + r
-                total = zeros
+                totals = [zeros] * len(phases)
                 for di in range(fh):
-                    read = item
+                    read_tile = item
                     if launch.reuse_rows and conv.strides[0] > 1:
                         # A kept row is read for the next row whether or not this
                         # one uses it, so the reads come before the branch; the
                         # products and sums stay in it, as without kept rows.
-                        tiles = {k: item(k) for k, t in enumerate(reaching) if t // fw == di}
-                        read = tiles.__getitem__
-                    add_row = functools.partial(add_filter_row, read, di)
-                    total = if_row_reached(p, di, add_row, total)
-                write(p, total)
+                        tiles = {k: item(k) for k, (row, _) in enumerate(sources) if row == di}
+                        read_tile = tiles.__getitem__
+                    add_row = functools.partial(add_filter_row, read_tile, di)
+                    totals = if_row_reached(p, di, add_row, totals)
+                write(p, totals)
                 return carry
 
-            # A shared tap has the same column as the tap it stands for, so it
-            # reaches this phase too.
-            sources = [shared[t] for t in reaching]
-            reused = [None if j is None else reaching.index(j) for j in sources]
-            reads = [read(t) for t in reaching]
+            reads = [read(k) for k in range(len(sources))]
             _row_loop(launch.rows, reads, reused, sum_row, None, ahead=launch.read_ahead)
             return
 
@@ -758,21 +817,31 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
         def row(r: Any, carry: None) -> None:
             p = first + r
 
-            def filter_row(di: Any, total: jax.Array) -> jax.Array:
-                def add_row(total: jax.Array) -> jax.Array:
-                    for dj in dj_reaching:
-                        total = add_tap(di * fw + dj, gradients(p, di, dj), total)
-                    return total
+            def filter_row(di: Any, totals: list[jax.Array]) -> list[jax.Array]:
+                def add_row(totals: list[jax.Array]) -> list[jax.Array]:
+                    tiles: dict[int, list[jax.Array]] = {}
+                    added = []
+                    for phase, total in zip(phases, totals, strict=True):
+                        for dj in _phase_taps(conv, phase):
+                            shift = _column_shift(conv, phase, dj)
+                            if shift not in tiles:
+                                tiles[shift] = gradients(p, di, shift)
+                            total = add_tap(di * fw + dj, tiles[shift], total)
+                        added.append(total)
+                    return added
 
-                return if_row_reached(p, di, add_row, total)
+                return if_row_reached(p, di, add_row, totals)  # type: ignore[no-any-return]
 
-            write(p, taps.sum_over_filter_rows(filter_row, zeros))
+            write(p, taps.sum_over_filter_rows(filter_row, [zeros] * len(phases)))
             return carry
 
         lax.fori_loop(0, launch.rows, row, None)
 
-    for phase in range(conv.strides[1]):
-        phase_rows(phase)
+    if _writes_column_pairs(conv, launch):
+        phases_rows((0, 1))
+    else:
+        for phase in range(conv.strides[1]):
+            phases_rows((phase,))
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
