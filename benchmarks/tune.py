@@ -6,35 +6,38 @@
 
 The kernels cut their work by a launch: a tile of ``columns x channels``, the
 rows one program owns, and the warps that run it (``_launch`` in
-``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For each
-case of benchmarks/gpu.py and each op, starting from the launch jaxgrad picks
-today, this times the neighbours of the best launch so far in one group of
+``jaxgrad/_depthwise/_pallas.py`` and ``jaxgrad/_resample/_pallas.py``). For
+each case of benchmarks/gpu.py and each op, starting from the launch jaxgrad
+picks today, this times the neighbours of the best launch so far in one group of
 parameters at a time: for the depthwise kernels, first the filter taps a program
-holds in registers (``taps``, halved, kept or doubled: a 5x5 filter's 25 taps are
-unrolled at 32, looped over or cut into groups at 16), then whether a program keeps
-the input rows that consecutive rows share in registers (``reuse_rows``: fewer
-loads, more registers), then whether an NCHW forward or filter gradient at column
-stride 2 reads its windows as runs of column pairs (``wide_strided_reads``: wide
-loads, twice the columns read; elsewhere the same program), then whether an NCHW
-input gradient at column stride 2 writes both column phases as one run
-(``wide_strided_writes``: wide stores, both phases' sums at once), then whether
-a program reads its next row before it computes the current one (``read_ahead``:
-loads in flight during the arithmetic, more registers); for the resample kernel,
-whether it reads a last axis that repeats every two output columns or every
-output two input columns (NCHW's 2x and 0.5x and their gradients) as contiguous
-runs instead of a gather per tap (``paired``; elsewhere the same program), then
+holds in registers (``taps``, halved, kept or doubled: a 5x5 filter's 25 taps
+are unrolled at 32, looped over or cut into groups at 16), then whether a
+program keeps the input rows that consecutive rows share in registers
+(``reuse_rows``: fewer loads, more registers), then whether an NCHW forward or
+filter gradient at column stride 2 reads its windows as runs of column pairs
+(``wide_strided_reads``: wide loads, twice the columns read; elsewhere the same
+program), then whether an NCHW input gradient at column stride 2 writes both
+column phases as one run (``wide_strided_writes``: wide stores, both phases'
+sums at once), then whether an NCHW kernel reads a run of columns that starts
+off a vector's alignment from the aligned vectors under it and moves the columns
+into place in registers (``aligned_reads``: fewer loads), then whether a program
+reads its next row before it computes the current one (``read_ahead``: loads in
+flight during the arithmetic, more registers); for the resample kernel, whether
+it reads a last axis that repeats every two output columns or every output two
+input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
+instead of a gather per tap (``paired``; elsewhere the same program), then
 whether a program of one channel holds its rows as one tile (``rows_together``);
 the tile (each side halved, kept or doubled) together with the warps (2, 4, 8),
-since their ratio sets each thread's share of the tile and so its registers; then
-the rows (a quarter to four times). A coordinate search: about 38 compiles per op instead of every
-combination's 6480. Every case of both families is well over two thousand
-compiles, so pick cases with ``--cases`` and ``--ops`` (``--cases "3x3 s1 NHWC
-bfloat16" --ops backprop_filter``), and groups with ``--groups``: ``--groups "read
-ahead"`` times the current launch against the one that differs in that option
-alone, two compiles per op, which is how to try an option on a GPU. The depthwise
-``backward`` is the forward op's backward, both gradients: each candidate is given
-to both of its kernels, so a launch for each is searched through the gradient ops
-themselves.
+since their ratio sets each thread's share of the tile and so its registers;
+then the rows (a quarter to four times). A coordinate search: about 39 compiles
+per op instead of every combination's 12960. Every case of both families is well
+over two thousand compiles, so pick cases with ``--cases`` and ``--ops``
+(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``), and groups with
+``--groups``: ``--groups "read ahead"`` times the current launch against the one
+that differs in that option alone, two compiles per op, which is how to try an
+option on a GPU. The depthwise ``backward`` is the forward op's backward, both
+gradients: each candidate is given to both of its kernels, so a launch for each
+is searched through the gradient ops themselves.
 
 Every candidate's result is compared with the current launch's. The forward and
 the gradients gather each output in an order no launch changes, but the filter
@@ -85,8 +88,9 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # sums them in groups of programs); whether they keep the input rows that
 # consecutive rows share in registers (fewer loads, more registers); whether they
 # read strided NCHW columns in pairs (wider loads, twice the columns), or write
-# them in pairs (wider stores, both phases' sums at once); whether they read a row
-# ahead (loads in flight during the arithmetic, more registers); whether
+# them in pairs (wider stores, both phases' sums at once); whether they read
+# unaligned runs of NCHW columns from aligned vectors (fewer loads); whether they
+# read a row ahead (loads in flight during the arithmetic, more registers); whether
 # the resample kernel reads a last axis that repeats every two columns in pairs
 # (contiguous runs in place of gathers), and whether its programs hold their rows
 # as one tile (loads of all rows in flight at once); the tile
@@ -97,6 +101,7 @@ GROUPS = (
     "rows kept",
     "strided reads",
     "strided writes",
+    "aligned reads",
     "read ahead",
     "column pairs",
     "rows together",
@@ -136,6 +141,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "taps",
         "wide_strided_reads",
         "wide_strided_writes",
+        "aligned_reads",
         "read_ahead",
         "paired",
         "rows_together",
@@ -157,6 +163,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     elif group == "strided writes":
         wide = "wide_strided_writes" in best
         options = [{"wide_strided_writes": w} for w in (False, True)] if wide else [{}]
+    elif group == "aligned reads":
+        aligned = "aligned_reads" in best
+        options = [{"aligned_reads": a} for a in (False, True)] if aligned else [{}]
     elif group == "read ahead":
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
     elif group == "column pairs":
@@ -186,6 +195,7 @@ def label(fields: dict[str, int]) -> str:
     kept = ", rows kept" if fields.get("reuse_rows") else ""
     kept += ", strided columns read in pairs" if fields.get("wide_strided_reads") else ""
     kept += ", strided columns written in pairs" if fields.get("wide_strided_writes") else ""
+    kept += ", unaligned columns read aligned" if fields.get("aligned_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""

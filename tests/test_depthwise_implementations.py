@@ -518,6 +518,59 @@ def test_strided_columns_written_in_pairs(
 
 @needs_kernels
 @pytest.mark.parametrize(
+    ("kernel", "strides", "dilations", "padding", "dtype"),
+    [
+        # Windows at column offsets -1, 0, 1: one column off the groups each way.
+        ((3, 3), (1, 1), (1, 1), "SAME", jnp.float32),
+        # Offsets -2 to 2 in groups of 8: moved two columns, and a half group
+        # (4 in 8, at offset 2 of a stride-2 run of pairs) read as it was.
+        ((5, 5), (1, 2), (1, 1), "SAME", jnp.bfloat16),
+        # Offsets 0, 3, 6, 9: three columns right, two left, and a whole group.
+        ((2, 4), (2, 1), (1, 3), "VALID", jnp.bfloat16),
+        # The input gradient's phases at stride 2, offsets -1 and 0.
+        ((3, 2), (2, 2), (2, 1), "EXPLICIT", jnp.float32),
+    ],
+)
+def test_unaligned_columns_read_from_aligned_vectors(
+    kernel, strides, dilations, padding, dtype, monkeypatch
+):
+    # In NCHW a launch may read a run of columns that starts off a vector's
+    # alignment from the aligned vectors under it, plus an element a thread for
+    # each column of the offset, and move the columns into place in registers. A
+    # thread holds a group of columns only in a wide tile on few warps: one warp
+    # here, so that the groups are 4 (float32) and 8 (16-bit) columns. The same
+    # values reach the same sums, so each result equals float64's either way, to
+    # the dtype's rounding, infinities and NaNs where they reach (an infinite input
+    # in the last column, and in the columns the stride-2 runs of pairs read past
+    # the output). (The two programs are not compared bit for bit: in interpret
+    # mode XLA:CPU may fuse a product and its sum into one rounding in one of them
+    # and not in the other.)
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
+    chosen = _pallas._launch
+    monkeypatch.setattr(
+        _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
+    )
+    explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
+    cfg = make_cfg((2, 7, 41, 3), (*kernel, 3, 2), strides, dilations, padding, explicit)
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, "NCHW", dtype, seed=kernel[1])
+    x64[1, 3, 40, 2] = np.inf
+    x = x.at[1, 2, 3, 40].set(jnp.inf)
+    ops = three_ops(cfg, "NCHW", implementation="pallas")
+    got, given = under_both_launches(monkeypatch, "aligned_reads", ops, "NCHW", x, f, dy)
+    assert {launch.aligned_reads for launch in given} == {False, True}
+    groups = {_pallas._column_group(g, g.cols, g.channels, dtype) for g in given}
+    assert groups == {4 if dtype == jnp.float32 else 8}
+    tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # bfloat16 rounds its results
+    for name, want in references(cfg, x64, f64, dy64).items():
+        finite = np.isfinite(want)
+        for aligned, results in got.items():
+            message = f"{name}, aligned reads: {aligned}"
+            np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
+            assert relative_error(results[name][finite], want[finite]) < tolerance, message
+
+
+@needs_kernels
+@pytest.mark.parametrize(
     ("data_format", "channels", "m", "repeats"),
     [
         ("NHWC", 3, 2, True),

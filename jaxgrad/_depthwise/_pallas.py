@@ -84,6 +84,12 @@ class _Launch:
     # the output-gradient tiles they both read, and hold their sums at once
     # (``_CUTS`` says which kernels write so).
     wide_strided_writes: bool = False
+    # Whether an NCHW kernel reads a run of columns that starts off a vector's
+    # alignment (a window at column offset -1, say) as the aligned vectors under
+    # it, plus an element a thread for each column of the offset, and moves the
+    # columns into place in registers (``_read_columns``), rather than one element
+    # at a time: Triton loads a run in vectors only from an aligned start.
+    aligned_reads: bool = False
     # Whether a program reads the tiles of its next row before it computes the
     # current one, holding them in registers until then. A warp waits for a load
     # where its value is first used, not where it is issued: reading a row ahead
@@ -122,8 +128,9 @@ class _Cut:
     program, whether a program keeps shared input rows (``_Launch.reuse_rows``),
     the taps it holds in registers (``_Launch.taps``), whether it reads or writes
     strided columns in pairs (``_Launch.wide_strided_reads``,
-    ``_Launch.wide_strided_writes``), and whether it reads a row ahead
-    (``_Launch.read_ahead``)."""
+    ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
+    from aligned vectors (``_Launch.aligned_reads``), and whether it reads a row
+    ahead (``_Launch.read_ahead``)."""
 
     tile: int
     most_channels: int
@@ -132,6 +139,7 @@ class _Cut:
     taps: int = 16
     wide_strided_reads: bool = False
     wide_strided_writes: bool = False
+    aligned_reads: bool = False
     read_ahead: bool = False
 
 
@@ -144,17 +152,30 @@ class _Cut:
 # every other column read alone, the wide loads paid for the registers they take.
 # The NCHW input gradient writes them in pairs, which takes no more registers than
 # every other column written alone (benchmarks/kernel_report.py), in fewer loads
-# and stores.
+# and stores. Every NCHW kernel reads unaligned runs of columns from aligned
+# vectors: fewer loads and registers in every kernel of the report it changes.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("filter", "NHWC"): _Cut(tile=512, most_channels=64, warps=8, reuse_rows=True),
     ("forward", "NCHW"): _Cut(
-        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
+        tile=1024,
+        most_channels=8,
+        warps=4,
+        reuse_rows=True,
+        wide_strided_reads=True,
+        aligned_reads=True,
     ),
-    ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4, wide_strided_writes=True),
+    ("input", "NCHW"): _Cut(
+        tile=512, most_channels=8, warps=4, wide_strided_writes=True, aligned_reads=True
+    ),
     ("filter", "NCHW"): _Cut(
-        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
+        tile=1024,
+        most_channels=8,
+        warps=4,
+        reuse_rows=True,
+        wide_strided_reads=True,
+        aligned_reads=True,
     ),
 }
 # The cuts for a filter of more taps than its kernel's cut above holds, up to the
@@ -195,6 +216,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         taps=cut.taps,
         wide_strided_reads=cut.wide_strided_reads,
         wide_strided_writes=cut.wide_strided_writes,
+        aligned_reads=cut.aligned_reads,
         read_ahead=cut.read_ahead,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
@@ -327,6 +349,82 @@ def _write(
         launch.index(chans, c, store=True)[None, :],
     )
     plgpu.store(ref.at[index], tile.astype(ref.dtype), mask=inside)
+
+
+def _read_columns(
+    ref: Any,
+    conv: Conv,
+    launch: _Launch,
+    n: Any,
+    row: Any,
+    block: Any,
+    size: int,
+    shift: int,
+    chans: Any,
+    dtype: Any,
+    *,
+    row_ok: Any = True,
+    keep: Any = None,
+) -> jax.Array:
+    """The ``[size, len(chans)]`` tile of ``_read`` at the columns ``lanes(block,
+    size) + shift``, zero where the scalar ``row_ok`` or the tile's flag per column
+    ``keep`` is false.
+
+    Triton loads consecutive columns in vectors only where the run starts on a
+    vector's alignment. In NCHW under ``_Launch.aligned_reads`` a run that starts
+    ``q`` columns past an aligned column is read from there in vectors, a group
+    of ``g`` columns a thread (``_column_group``), and each group is moved ``q``
+    columns left in registers, taking in the first ``q`` columns of the next
+    group, read an element a thread (or moved ``g - q`` right, taking in the
+    previous group's last columns, where that is fewer). The same values, in
+    fewer loads: a group read unaligned takes ``g / gcd(q, g)`` loads (vectors
+    as wide as the start's alignment), read so ``1 + min(q, g - q)``, which is
+    fewer unless ``q`` is half the group.
+    """
+    cols = _kernels.lanes(block, size)
+    group = _column_group(launch, size, chans.shape[0], ref.dtype)
+    q = shift % group
+    fewer_loads = 1 + min(q, group - q) < group // math.gcd(q, group)
+    if not (launch.aligned_reads and conv.nchw and fewer_loads):
+        wanted = row_ok if keep is None else row_ok & keep
+        return _read(ref, conv, launch, n, row, cols + shift, chans, dtype, wanted=wanted)
+    left = q <= group // 2
+    start = shift - q if left else shift - q + group  # aligned
+    aligned = _read(ref, conv, launch, n, row, cols + start, chans, dtype, wanted=row_ok)
+    groups = jnp.swapaxes(aligned.reshape(size // group, group, -1), 1, 2)  # [groups, chans, g]
+    firsts = _kernels.lanes(block, size // group) * group + start  # each group's first column
+    for k in range(q if left else group - q):
+        # Left: the next group's column k; right: the previous group's k + 1st last.
+        column = firsts + (group + k if left else -1 - k)
+        taken = _read(ref, conv, launch, n, row, column, chans, dtype, wanted=row_ok)
+        groups = _shift_groups(groups, taken, left=left)
+    tile = jnp.swapaxes(groups, 1, 2).reshape(size, -1)
+    return tile if keep is None else jnp.where(keep[:, None], tile, 0)
+
+
+def _column_group(launch: _Launch, size: int, channels: int, dtype: Any) -> int:
+    """The consecutive columns one thread holds of a ``[size, channels]`` NCHW
+    tile of ``dtype``, as Triton lays it out: a vector of 16 bytes, or the tile's
+    share of a thread where that is less."""
+    per_thread = size * channels // (32 * launch.warps)
+    return max(1, min(16 // int(jnp.dtype(dtype).itemsize), per_thread, size))
+
+
+def _shift_groups(groups: jax.Array, taken: jax.Array, *, left: bool) -> jax.Array:
+    """Each group ``groups[..., :]`` moved one column: left, each column taking the
+    next one's value and the last ``taken``; or right, each the previous one's and
+    the first ``taken``. Built from splits and joins of the last axis, which
+    Triton does in a thread's registers when the thread holds the whole group."""
+    g = groups.shape[-1]
+    if g == 1:
+        return taken[..., None]
+    halves = jnp.split(groups.reshape(*groups.shape[:-1], g // 2, 2), 2, axis=-1)
+    even, odd = (half.reshape(*groups.shape[:-1], g // 2) for half in halves)
+    if left:  # column 2i takes 2i + 1, column 2i + 1 takes 2i + 2
+        pair = [odd, _shift_groups(even, taken, left=True)]
+    else:  # column 2i takes 2i - 1, column 2i + 1 takes 2i
+        pair = [_shift_groups(odd, taken, left=False), even]
+    return jnp.stack(pair, axis=-1).reshape(groups.shape)
 
 
 def _tap_vector(f_ref: Any, launch: _Launch, tap: int, chans: Any, dtype: Any) -> jax.Array:
@@ -480,15 +578,43 @@ def _tap_window(
         # even column, as aligned as the tile, whichever the tap.
         half = offset % 2
         pairs = _kernels.lanes(block, 2 * launch.cols)  # 2c and 2c + 1, c in the tile
-        wanted = (i < out_h) & (pairs < 2 * out_w) if masked_past_output else True
-        tile = _read(
-            x_ref, conv, launch, n, row, pairs + (offset - half), in_chans, dtype, wanted=wanted
+        row_ok, keep = (i < out_h, pairs < 2 * out_w) if masked_past_output else (True, None)
+        tile = _read_columns(
+            x_ref,
+            conv,
+            launch,
+            n,
+            row,
+            block,
+            2 * launch.cols,
+            offset - half,
+            in_chans,
+            dtype,
+            row_ok=row_ok,
+            keep=keep,
         )
         pair_tile = tile.reshape(launch.cols, 2, tile.shape[1])
         tile = jnp.split(pair_tile, 2, axis=1)[half].reshape(launch.cols, tile.shape[1])
         return _on_output_lanes(tile, conv)
     cols = _kernels.lanes(block, launch.cols)
-    wanted = (i < out_h) & (cols < out_w) if masked_past_output else True
+    row_ok, keep = (i < out_h, cols < out_w) if masked_past_output else (True, None)
+    if sw == 1:  # a run of columns
+        tile = _read_columns(
+            x_ref,
+            conv,
+            launch,
+            n,
+            row,
+            block,
+            launch.cols,
+            offset,
+            in_chans,
+            dtype,
+            row_ok=row_ok,
+            keep=keep,
+        )
+        return _on_output_lanes(tile, conv)
+    wanted = row_ok if keep is None else row_ok & keep
     tile = _read(x_ref, conv, launch, n, row, cols * sw + offset, in_chans, dtype, wanted=wanted)
     return _on_output_lanes(tile, conv)
 
@@ -680,25 +806,25 @@ def _reached_gradients(
     launch: _Launch,
     n: Any,
     p: Any,
-    block: Any,
+    col_block: Any,
     di: Any,
     shift: int,
     out_lanes: list[jax.Array],
     dtype: Any,
 ) -> list[jax.Array]:
     """The output-gradient tiles a tap of filter row ``di`` brings to input row
-    ``p`` and the columns of a phase it reaches, one per list of output lanes: the
-    output columns ``block + shift`` (``_column_shift``), an ``arange`` plus an
-    offset, which Triton can read in vectorized loads. Rows no output reads
-    through the tap, and columns past the output's edges, are masked."""
+    ``p`` and the columns of a phase it reaches at column block ``col_block``, one
+    per list of output lanes: the output columns ``c + shift`` for the tile's
+    indices ``c`` (``_column_shift``), a run that Triton can read in vectors. Rows
+    no output reads through the tap, and columns past the output's edges, are
+    masked."""
     sh, dh = conv.strides[0], conv.dilations[0]
     top = conv.pads[0][0]
     i, row_reached = _source(p, top - di * dh, sh, conv.out_size[0])
-    j = block + shift
-    reached = row_reached & ((j >= 0) & (j < conv.out_size[1]))
-    return [
-        _read(dy_ref, conv, launch, n, i, j, lanes, dtype, wanted=reached) for lanes in out_lanes
-    ]
+    j = _kernels.lanes(col_block, launch.cols) + shift
+    keep = (j >= 0) & (j < conv.out_size[1])
+    read = functools.partial(_read_columns, dy_ref, conv, launch, n, i, col_block, launch.cols)
+    return [read(shift, lanes, dtype, row_ok=row_reached, keep=keep) for lanes in out_lanes]
 
 
 def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch) -> None:
@@ -706,7 +832,6 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
     m = conv.multiplier
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
     col_block = pl.program_id(2)
-    block = _kernels.lanes(col_block, launch.cols)
     repeats = _repeats(conv)
     if repeats:
         # The lanes are output channels, read in contiguous tiles; each input
@@ -743,9 +868,10 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
         """Writes the program's rows at the input columns of ``phases``: one phase,
         or both of stride 2, interleaved (``_writes_column_pairs``). Each tap
         column reaches all of a phase's columns or none (``_phase_taps``), so only
-        the taps that reach them are read, each at the output columns ``block``
-        plus a shift: at stride 1 there is one phase, every tap reaches it. Taps of
-        one filter row with the same shift (one in each phase) read one tile."""
+        the taps that reach them are read, each at the output columns of the
+        tile's indices plus a shift: at stride 1 there is one phase, every tap
+        reaches it. Taps of one filter row with the same shift (one in each
+        phase) read one tile."""
         reaching = {
             phase: [di * fw + dj for di in range(fh) for dj in _phase_taps(conv, phase)]
             for phase in phases
@@ -758,7 +884,7 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
 
         def gradients(p: Any, di: Any, shift: int) -> list[jax.Array]:
             return _reached_gradients(
-                dy_ref, conv, launch, n, p, block, di, shift, out_lanes, dtype
+                dy_ref, conv, launch, n, p, col_block, di, shift, out_lanes, dtype
             )
 
         def write(p: Any, totals: list[jax.Array]) -> None:
