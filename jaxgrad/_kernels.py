@@ -1,10 +1,12 @@
-"""What jaxgrad's Pallas kernels share: Pallas' Triton backend, and lane indices for
-masked loads and stores that behave the same compiled and interpreted."""
+"""What jaxgrad's Pallas kernels share: Pallas' Triton backend, lane indices for
+masked loads and stores that behave the same compiled and interpreted, and runs of
+columns read from aligned vectors."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -37,7 +39,18 @@ try:
 except ImportError:  # a JAX without Pallas' Triton backend
     AVAILABLE = False
 
-__all__ = ["AVAILABLE", "lanes", "masked_index", "pl", "plgpu", "varying_as"]
+__all__ = [
+    "AVAILABLE",
+    "aligned_run",
+    "fewer_loads_aligned",
+    "lanes",
+    "masked_index",
+    "pl",
+    "plgpu",
+    "shift_groups",
+    "thread_columns",
+    "varying_as",
+]
 
 
 # How a jax.ShapeDtypeStruct says it varies across manual axes: a ManualAxisType
@@ -89,3 +102,80 @@ def masked_index(lanes: jax.Array, size: int, *, interpret: bool, store: bool = 
     if store:
         return jnp.where(lanes < size, lanes, size)
     return jnp.clip(lanes, 0, size - 1)
+
+
+# ------------------------------------------------------------------------------------
+# Runs of columns that start off a vector's alignment
+# ------------------------------------------------------------------------------------
+#
+# Triton loads a run of consecutive elements in vectors (of up to 16 bytes a thread)
+# only where the run starts on a vector's alignment: a window one column to the
+# left, say, is loaded an element at a time. A tile gives each thread a group of
+# ``g`` consecutive columns (``thread_columns``), so such a run can be read from the
+# aligned column under it in vectors, and each group moved into place in the
+# thread's registers, taking in the few columns of the neighbouring group that it
+# reads an element at a time (``aligned_run``).
+
+
+def thread_columns(elements: int, columns: int, warps: int, dtype: Any) -> int:
+    """The consecutive columns one thread holds of a tile of ``elements`` whose
+    minor axis in memory has ``columns``, in ``dtype``, on ``warps`` warps, as
+    Triton lays it out: a vector of 16 bytes, or the tile's share of a thread
+    where that is less."""
+    per_thread = elements // (32 * warps)
+    return max(1, min(16 // int(jnp.dtype(dtype).itemsize), per_thread, columns))
+
+
+def fewer_loads_aligned(shift: int, group: int) -> bool:
+    """Whether a run ``shift`` columns past an aligned column takes fewer loads a
+    group of ``group`` read from that column (``aligned_run``: the aligned vector,
+    and one element for each column the group takes from its neighbour) than read
+    as it is (vectors only as wide as its start's alignment)."""
+    q = shift % group
+    return 1 + min(q, group - q) < group // math.gcd(q, group)
+
+
+def aligned_run(
+    read: Callable[[jax.Array], jax.Array], block: Any, size: int, shift: int, group: int, axis: int
+) -> jax.Array:
+    """``read(lanes(block, size) + shift)``, a tile whose ``axis`` runs along those
+    columns, read from aligned vectors: from the aligned column ``q`` columns
+    before the run's start, each group of ``group`` columns moved ``q`` columns
+    left, taking in the first ``q`` columns of the next group (or from the one
+    ``group - q`` columns after it, moved right, taking in the previous group's
+    last columns, where that is fewer). ``read`` masks columns outside the array,
+    wherever they are read. The same values as the plain read, in fewer loads
+    where ``fewer_loads_aligned``."""
+    q = shift % group
+    left = q <= group // 2
+    start = shift - q if left else shift - q + group  # a multiple of the group
+
+    def columns_last(tile: jax.Array) -> jax.Array:
+        return jnp.moveaxis(tile, axis, -1)
+
+    aligned = columns_last(read(lanes(block, size) + start))
+    groups = aligned.reshape(*aligned.shape[:-1], size // group, group)
+    firsts = lanes(block, size // group) * group + start  # each group's first column
+    for k in range(q if left else group - q):
+        # Left: the next group's kth column; right: the previous group's kth last.
+        taken = columns_last(read(firsts + (group + k if left else -1 - k)))
+        groups = shift_groups(groups, taken, left=left)
+    return jnp.moveaxis(groups.reshape(aligned.shape), -1, axis)
+
+
+def shift_groups(groups: jax.Array, taken: jax.Array, *, left: bool) -> jax.Array:
+    """Each group ``groups[..., :]`` moved one column: left, each column taking the
+    next one's value and the last ``taken``; or right, each the previous one's and
+    the first ``taken``. Triton has no shift of a tile's elements; this builds one
+    from splits and joins of the last axis, which it does in a thread's registers
+    where the thread holds the whole group."""
+    g = groups.shape[-1]
+    if g == 1:
+        return taken[..., None]
+    halves = jnp.split(groups.reshape(*groups.shape[:-1], g // 2, 2), 2, axis=-1)
+    even, odd = (half.reshape(*groups.shape[:-1], g // 2) for half in halves)
+    if left:  # column 2i takes 2i + 1, column 2i + 1 takes 2i + 2
+        pair = [odd, shift_groups(even, taken, left=True)]
+    else:  # column 2i takes 2i - 1, column 2i + 1 takes 2i
+        pair = [shift_groups(odd, taken, left=False), even]
+    return jnp.stack(pair, axis=-1).reshape(groups.shape)

@@ -558,7 +558,7 @@ def test_unaligned_columns_read_from_aligned_vectors(
     ops = three_ops(cfg, "NCHW", implementation="pallas")
     got, given = under_both_launches(monkeypatch, "aligned_reads", ops, "NCHW", x, f, dy)
     assert {launch.aligned_reads for launch in given} == {False, True}
-    groups = {_pallas._column_group(g, g.cols, g.channels, dtype) for g in given}
+    groups = {_kernels.thread_columns(g.cols * g.channels, g.cols, g.warps, dtype) for g in given}
     assert groups == {4 if dtype == jnp.float32 else 8}
     tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # bfloat16 rounds its results
     for name, want in references(cfg, x64, f64, dy64).items():

@@ -35,7 +35,7 @@ from test_resample import (
 )
 
 import jaxgrad
-from jaxgrad import _implementation
+from jaxgrad import _implementation, _kernels
 from jaxgrad._resample import _pallas, _plan, _xla
 
 KERNEL = dict(implementation="pallas")
@@ -405,6 +405,41 @@ def test_kernel_reading_columns_in_pairs_in_every_float_dtype(dtype, mode):
         if mode == "nearest":
             portable = jaxgrad.resample(x, scales, mode=mode, implementation="xla")
             np.testing.assert_array_equal(np.asarray(y), np.asarray(portable))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("rows_together", [False, True])
+def test_runs_in_pairs_off_their_alignment_are_read_from_aligned_vectors(dtype, rows_together):
+    # A run of columns read in pairs that starts off a vector's alignment (2x reads
+    # x[m - 1], x[m], x[m + 1]; with offsets, runs of pairs start at 2m - 2) is read
+    # from the aligned vectors under it, each thread's group of columns moved into
+    # place in registers. A thread holds a group (8 columns of 16 bits, 4 of 32) of
+    # long rows on one warp. The same values: float64's results, to the dtype's
+    # rounding, and nearest neighbour's values moved exactly.
+    rng = np.random.default_rng(10)
+    tol = TOLERANCE[np.dtype(dtype)]
+    cases = [((1, 2, 256), (1, 1, 2.0), 0.5, -0.5), ((1, 2, 1024), (1, 1, 0.5), 0.25, 0.0)]
+    for in_shape, scales, a, b in cases:
+        x = jnp.asarray(rng.normal(size=in_shape), dtype)
+        for mode in ("nearest", "linear"):
+            spy = mock.patch.object(_kernels, "aligned_run", wraps=_kernels.aligned_run)
+            with launches_with(paired=True, rows_together=rows_together, warps=1), spy as read:
+                options = dict(mode=mode, input_pixel_offsets=a, output_pixel_offsets=b)
+                y = jaxgrad.resample(x, scales, **options, **KERNEL)
+                dy = jnp.asarray(rng.normal(size=y.shape), dtype)
+                dx = jaxgrad.resample_grad(dy, x.shape, scales, **options, **KERNEL)
+            # Nearest neighbour's runs start on a lane here: no run to move.
+            assert (read.call_count > 0) == (mode == "linear"), (scales, mode)
+            args = scales, (a,) * 3, (b,) * 3, mode, "half_up"
+            want = reference_resample(np.asarray(x, np.float64), y.shape, *args)
+            np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=tol, atol=tol)
+            want = reference_resample_grad(np.asarray(dy, np.float64), x.shape, *args)
+            atol = tol * np.abs(want).max()
+            np.testing.assert_allclose(np.asarray(dx, np.float64), want, rtol=tol, atol=atol)
+            if mode == "nearest":
+                portable = jaxgrad.resample(x, scales, **options, implementation="xla")
+                np.testing.assert_array_equal(np.asarray(y), np.asarray(portable))
 
 
 @needs_kernels

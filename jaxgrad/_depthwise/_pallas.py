@@ -368,63 +368,22 @@ def _read_columns(
 ) -> jax.Array:
     """The ``[size, len(chans)]`` tile of ``_read`` at the columns ``lanes(block,
     size) + shift``, zero where the scalar ``row_ok`` or the tile's flag per column
-    ``keep`` is false.
-
-    Triton loads consecutive columns in vectors only where the run starts on a
-    vector's alignment. In NCHW under ``_Launch.aligned_reads`` a run that starts
-    ``q`` columns past an aligned column is read from there in vectors, a group
-    of ``g`` columns a thread (``_column_group``), and each group is moved ``q``
-    columns left in registers, taking in the first ``q`` columns of the next
-    group, read an element a thread (or moved ``g - q`` right, taking in the
-    previous group's last columns, where that is fewer). The same values, in
-    fewer loads: a group read unaligned takes ``g / gcd(q, g)`` loads (vectors
-    as wide as the start's alignment), read so ``1 + min(q, g - q)``, which is
-    fewer unless ``q`` is half the group.
-    """
-    cols = _kernels.lanes(block, size)
-    group = _column_group(launch, size, chans.shape[0], ref.dtype)
-    q = shift % group
-    fewer_loads = 1 + min(q, group - q) < group // math.gcd(q, group)
-    if not (launch.aligned_reads and conv.nchw and fewer_loads):
+    ``keep`` is false. In NCHW under ``_Launch.aligned_reads`` a run that starts
+    off a vector's alignment is read from aligned vectors where that takes fewer
+    loads (``_kernels.aligned_run``)."""
+    elements = size * chans.shape[0]
+    group = _kernels.thread_columns(elements, size, launch.warps, ref.dtype)
+    aligned = launch.aligned_reads and conv.nchw
+    if not (aligned and _kernels.fewer_loads_aligned(shift, group)):
         wanted = row_ok if keep is None else row_ok & keep
-        return _read(ref, conv, launch, n, row, cols + shift, chans, dtype, wanted=wanted)
-    left = q <= group // 2
-    start = shift - q if left else shift - q + group  # aligned
-    aligned = _read(ref, conv, launch, n, row, cols + start, chans, dtype, wanted=row_ok)
-    groups = jnp.swapaxes(aligned.reshape(size // group, group, -1), 1, 2)  # [groups, chans, g]
-    firsts = _kernels.lanes(block, size // group) * group + start  # each group's first column
-    for k in range(q if left else group - q):
-        # Left: the next group's column k; right: the previous group's k + 1st last.
-        column = firsts + (group + k if left else -1 - k)
-        taken = _read(ref, conv, launch, n, row, column, chans, dtype, wanted=row_ok)
-        groups = _shift_groups(groups, taken, left=left)
-    tile = jnp.swapaxes(groups, 1, 2).reshape(size, -1)
+        cols = _kernels.lanes(block, size) + shift
+        return _read(ref, conv, launch, n, row, cols, chans, dtype, wanted=wanted)
+
+    def read(cols: jax.Array) -> jax.Array:
+        return _read(ref, conv, launch, n, row, cols, chans, dtype, wanted=row_ok)
+
+    tile = _kernels.aligned_run(read, block, size, shift, group, axis=0)
     return tile if keep is None else jnp.where(keep[:, None], tile, 0)
-
-
-def _column_group(launch: _Launch, size: int, channels: int, dtype: Any) -> int:
-    """The consecutive columns one thread holds of a ``[size, channels]`` NCHW
-    tile of ``dtype``, as Triton lays it out: a vector of 16 bytes, or the tile's
-    share of a thread where that is less."""
-    per_thread = size * channels // (32 * launch.warps)
-    return max(1, min(16 // int(jnp.dtype(dtype).itemsize), per_thread, size))
-
-
-def _shift_groups(groups: jax.Array, taken: jax.Array, *, left: bool) -> jax.Array:
-    """Each group ``groups[..., :]`` moved one column: left, each column taking the
-    next one's value and the last ``taken``; or right, each the previous one's and
-    the first ``taken``. Built from splits and joins of the last axis, which
-    Triton does in a thread's registers when the thread holds the whole group."""
-    g = groups.shape[-1]
-    if g == 1:
-        return taken[..., None]
-    halves = jnp.split(groups.reshape(*groups.shape[:-1], g // 2, 2), 2, axis=-1)
-    even, odd = (half.reshape(*groups.shape[:-1], g // 2) for half in halves)
-    if left:  # column 2i takes 2i + 1, column 2i + 1 takes 2i + 2
-        pair = [odd, _shift_groups(even, taken, left=True)]
-    else:  # column 2i takes 2i - 1, column 2i + 1 takes 2i
-        pair = [_shift_groups(odd, taken, left=False), even]
-    return jnp.stack(pair, axis=-1).reshape(groups.shape)
 
 
 def _tap_vector(f_ref: Any, launch: _Launch, tap: int, chans: Any, dtype: Any) -> jax.Array:

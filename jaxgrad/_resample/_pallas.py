@@ -291,19 +291,31 @@ def _kernel(
         inputs are read as contiguous runs, each once (in vectors where a run
         starts on one): with two outputs a lane, a run ``x[m + offset]`` serves
         both, and the two sums are interleaved in registers; with two inputs a
-        lane, a run of column pairs is split into its even and odd columns. The
+        lane, a run of column pairs is split into its even and odd columns. A run
+        that starts off a vector's alignment (the tap before a lane's first, say)
+        is read from the aligned vectors under it (``_kernels.aligned_run``). The
         edge columns, read one by one, replace their lanes, and the tile is
         stored whole: a mask that cut the edges out would stop its stores' vectors."""
         assert pairs is not None
         lanes = launch.cols // pairs.outputs
         runs: dict[int, list[jax.Array]] = {}
+        # The columns a thread holds of a run: one starting off their alignment
+        # is read from aligned vectors where that takes fewer loads.
+        elements = math.prod(lead) * pairs.inputs * lanes
+        group = _kernels.thread_columns(elements, pairs.inputs * lanes, launch.warps, x_ref.dtype)
+
+        def read_run(in_cols: jax.Array) -> jax.Array:
+            return read(in_row, row_ok, in_cols, in_cols < cols_in)
 
         def run(offset: int) -> jax.Array:
             """``x[inputs * m + offset]`` for the tile's lanes ``m``."""
             start, half = divmod(offset, pairs.inputs)
             if start not in runs:
-                in_cols = _kernels.lanes(col_block, pairs.inputs * lanes) + pairs.inputs * start
-                tile = read(in_row, row_ok, in_cols, in_cols < cols_in)
+                size, shift = pairs.inputs * lanes, pairs.inputs * start
+                if _kernels.fewer_loads_aligned(shift, group):
+                    tile = _kernels.aligned_run(read_run, col_block, size, shift, group, axis=-1)
+                else:
+                    tile = read_run(_kernels.lanes(col_block, size) + shift)
                 if pairs.inputs == 1:
                     runs[start] = [tile]
                 else:  # the even columns, then the odd
