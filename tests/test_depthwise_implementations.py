@@ -525,7 +525,8 @@ def test_strided_columns_written_in_pairs(
         # Offsets -2 to 2 in groups of 8: moved two columns, and a half group
         # (4 in 8, at offset 2 of a stride-2 run of pairs) read as it was.
         ((5, 5), (1, 2), (1, 1), "SAME", jnp.bfloat16),
-        # Offsets 0, 3, 6, 9: three columns right, two left, and a whole group.
+        # Offsets 0, 3, 6, 9 in groups of 8: read from 0 and moved 3 columns left,
+        # from 8 and moved 2 right, from 8 and moved 1 left.
         ((2, 4), (2, 1), (1, 3), "VALID", jnp.bfloat16),
         # The input gradient's phases at stride 2, offsets -1 and 0.
         ((3, 2), (2, 2), (2, 1), "EXPLICIT", jnp.float32),

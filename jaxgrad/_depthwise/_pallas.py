@@ -858,9 +858,9 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
             sources = list(dict.fromkeys(source(p, t) for p in phases for t in reaching[p]))
             # Input row p + 1's filter row di reads the output-gradient row that
             # filter row di - 1 reads for row p, when the filter is not dilated.
-            keep = launch.reuse_rows and dh == 1
+            kept = launch.reuse_rows and dh == 1
             reused = [
-                sources.index((di - 1, shift)) if keep and di > 0 else None for di, shift in sources
+                sources.index((di - 1, shift)) if kept and di > 0 else None for di, shift in sources
             ]
 
             def read(k: int) -> Callable[[Any], list[jax.Array]]:
