@@ -3,7 +3,7 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
-                                       [--paired] [--rows-together]
+                                       [--paired] [--rows-together] [--dump DIR]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -37,6 +37,10 @@ contiguous run of inputs, loaded in vectors where it starts on one, in place of
 a gather per output. ``--rows-together`` gives each resample program of one
 channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
 
+``--dump DIR`` writes each kernel's PTX to ``DIR``, and its SASS, the machine
+code the GPU runs (disassembled with the ``nvdisasm`` Triton ships): where a
+loop issues its loads against its products, say, which the PTX does not fix.
+
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
 times it), and a host-side cost of the GPU path: how long the step takes to
@@ -49,7 +53,6 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import os
 import pathlib
 import re
 import subprocess
@@ -257,7 +260,14 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
     (folder / "kernel.ptx").write_text(ptx)
     ptxas = ptxas_for(capability_of(arch))
     info = subprocess.run(
-        [ptxas, f"-arch={arch}", "-v", str(folder / "kernel.ptx"), "-o", os.devnull],
+        [
+            ptxas,
+            f"-arch={arch}",
+            "-v",
+            str(folder / "kernel.ptx"),
+            "-o",
+            str(folder / "kernel.cubin"),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -270,6 +280,24 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
         "stores": access_widths(ptx, GLOBAL_STORE),
         "seconds": seconds,
     }
+
+
+def dump(compiled: pathlib.Path, folder: pathlib.Path, name: str, arch: str) -> None:
+    """Copies the kernel ``compile_report`` just compiled in ``compiled`` for
+    ``arch`` to ``folder`` as ``name``.ptx, and its SASS as ``name``.sass where
+    Triton ships ``nvdisasm`` beside ``ptxas``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^\w.-]+", "_", name).strip("_")
+    (folder / f"{stem}.ptx").write_text((compiled / "kernel.ptx").read_text())
+    nvdisasm = pathlib.Path(ptxas_for(capability_of(arch))).with_name("nvdisasm")
+    if nvdisasm.exists():
+        sass = subprocess.run(
+            [str(nvdisasm), "-c", str(compiled / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (folder / f"{stem}.sass").write_text(sass)
 
 
 def access_widths(ptx: str, access: re.Pattern[str] = GLOBAL_LOAD) -> str:
@@ -312,6 +340,11 @@ def main() -> None:
         "--rows-together",
         action="store_true",
         help="the resample kernel's programs hold their rows as one tile (one channel only)",
+    )
+    parser.add_argument(
+        "--dump",
+        metavar="DIR",
+        help="write each kernel's PTX and SASS to this folder",
     )
     args = parser.parse_args()
     try:
@@ -357,8 +390,11 @@ def main() -> None:
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
             lowering += time.perf_counter() - start
             kernels += len(modules)
-            for kernel in modules:
+            for number, kernel in enumerate(modules):
                 r = compile_report(kernel.ir, kernel.options, args.arch, pathlib.Path(tmp))
+                if args.dump:
+                    name = f"{case} {number} {kernel.name}"  # a case's kernels in order
+                    dump(pathlib.Path(tmp), pathlib.Path(args.dump), name, args.arch)
                 compiling += r["seconds"]
                 per_sm = resident(r["registers"], kernel.options["num_warps"], r["shared"])
                 waves = kernel.programs / (per_sm * args.sms)
