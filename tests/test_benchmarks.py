@@ -273,6 +273,30 @@ def test_kernel_report_reads_access_widths_and_occupancy(monkeypatch):
     assert kernel_report.capability_of("sm_90a") == 90
 
 
+def test_kernel_report_dumps_each_kernels_ptx_and_sass(monkeypatch, tmp_path):
+    """``--dump`` copies a compiled kernel's PTX under a name made of its case and
+    kernel, and disassembles its cubin with the ``nvdisasm`` beside ``ptxas``; a
+    Triton without one gets the PTX alone."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+
+    compiled, tools, out = tmp_path / "compiled", tmp_path / "bin", tmp_path / "out"
+    compiled.mkdir()
+    tools.mkdir()
+    (compiled / "kernel.ptx").write_text(".version 8.7\n")
+    (compiled / "kernel.cubin").write_bytes(b"\x7fELF")
+    monkeypatch.setattr(kernel_report, "ptxas_for", lambda capability: str(tools / "ptxas"))
+    kernel_report.dump(compiled, out, "[32,112,112,96] 3x3 s1 NCHW f32 0 _forward_kernel", "sm_90a")
+    stem = "32_112_112_96_3x3_s1_NCHW_f32_0__forward_kernel"
+    assert sorted(p.name for p in out.iterdir()) == [f"{stem}.ptx"]
+    assert (out / f"{stem}.ptx").read_text() == ".version 8.7\n"
+    nvdisasm = tools / "nvdisasm"
+    nvdisasm.write_text('#!/bin/sh\necho "disassembled $2"\n')
+    nvdisasm.chmod(0o755)
+    kernel_report.dump(compiled, out, "[32,112,112,96] 3x3 s1 NCHW f32 0 _forward_kernel", "sm_90a")
+    assert (out / f"{stem}.sass").read_text() == f"disassembled {compiled / 'kernel.cubin'}\n"
+
+
 def test_xla_gpu_report_reads_a_compiled_program(monkeypatch):
     """What ``benchmarks/xla_gpu_report.py`` reads from an optimized HLO module: the
     launches of its entry computation, by kind, with the bytes of their operands
