@@ -530,6 +530,8 @@ def _tap_window(
     top, left = conv.pads[0][0], conv.pads[1][0]
     row, offset = i * sh - top + di * dh, dj * dw - left
     out_h, out_w = conv.out_size
+    # A run of ``size`` columns from the tile's first, ``shift`` columns on.
+    run = functools.partial(_read_columns, x_ref, conv, launch, n, row, block)
     if _reads_column_pairs(conv, launch):
         # Output column c reads input column 2c + offset: of the pair of columns
         # 2c + even, 2c + even + 1, with ``even`` the even number at or below
@@ -538,40 +540,14 @@ def _tap_window(
         half = offset % 2
         pairs = _kernels.lanes(block, 2 * launch.cols)  # 2c and 2c + 1, c in the tile
         row_ok, keep = (i < out_h, pairs < 2 * out_w) if masked_past_output else (True, None)
-        tile = _read_columns(
-            x_ref,
-            conv,
-            launch,
-            n,
-            row,
-            block,
-            2 * launch.cols,
-            offset - half,
-            in_chans,
-            dtype,
-            row_ok=row_ok,
-            keep=keep,
-        )
+        tile = run(2 * launch.cols, offset - half, in_chans, dtype, row_ok=row_ok, keep=keep)
         pair_tile = tile.reshape(launch.cols, 2, tile.shape[1])
         tile = jnp.split(pair_tile, 2, axis=1)[half].reshape(launch.cols, tile.shape[1])
         return _on_output_lanes(tile, conv)
     cols = _kernels.lanes(block, launch.cols)
     row_ok, keep = (i < out_h, cols < out_w) if masked_past_output else (True, None)
-    if sw == 1:  # a run of columns
-        tile = _read_columns(
-            x_ref,
-            conv,
-            launch,
-            n,
-            row,
-            block,
-            launch.cols,
-            offset,
-            in_chans,
-            dtype,
-            row_ok=row_ok,
-            keep=keep,
-        )
+    if sw == 1:
+        tile = run(launch.cols, offset, in_chans, dtype, row_ok=row_ok, keep=keep)
         return _on_output_lanes(tile, conv)
     wanted = row_ok if keep is None else row_ok & keep
     tile = _read(x_ref, conv, launch, n, row, cols * sw + offset, in_chans, dtype, wanted=wanted)
