@@ -225,6 +225,17 @@ def train_step(batch: int = 64, size: int = 128):
     return step, *jax.eval_shape(init)
 
 
+def launches_with(module: Any, fields: dict[str, Any]) -> Any:
+    """A patch that gives every kernel of ``module`` (a family's ``_pallas``) the
+    launch it picks, with ``fields`` replaced."""
+    chosen = module._launch
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    return mock.patch.object(module, "_launch", launch)
+
+
 def capability_of(arch: str) -> int:
     """The compute capability a ptxas target names: sm_90a -> 90."""
     return int(re.sub(r"\D", "", arch))
@@ -369,22 +380,11 @@ def main() -> None:
             imposed["taps"] = args.taps
         if args.read_ahead:
             imposed["read_ahead"] = True
-        if imposed:
-            chosen = depthwise_kernels._launch
-
-            def imposing(*args: Any, **kwargs: Any) -> Any:
-                return dataclasses.replace(chosen(*args, **kwargs), **imposed)
-
-            patches.enter_context(mock.patch.object(depthwise_kernels, "_launch", imposing))
         resample_options = {"paired": args.paired, "rows_together": args.rows_together}
         resample_options = {name: True for name, on in resample_options.items() if on}
-        if resample_options:
-            resample_launch = resample_kernels._launch
-
-            def with_options(*args: Any, **kwargs: Any) -> Any:
-                return dataclasses.replace(resample_launch(*args, **kwargs), **resample_options)
-
-            patches.enter_context(mock.patch.object(resample_kernels, "_launch", with_options))
+        for module, fields in ((depthwise_kernels, imposed), (resample_kernels, resample_options)):
+            if fields:
+                patches.enter_context(launches_with(module, fields))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))
