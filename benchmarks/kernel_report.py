@@ -3,6 +3,7 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
+                                       [--walk-columns]
                                        [--paired] [--rows-together] [--dump DIR]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
@@ -30,8 +31,11 @@ the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three)
 (``_Launch.taps``): what unrolling a larger filter costs in registers.
 ``--read-ahead`` makes every depthwise kernel read its next row before it computes
 the current one (``_Launch.read_ahead``): what holding a row's tiles a step longer
-costs in registers. ``--paired`` makes the resample kernel read a last axis that
-repeats every two output columns, or every output two input columns, in pairs
+costs in registers. ``--walk-columns`` makes the NHWC filter gradient at column
+stride 1 walk its rows' columns in order (``_Launch.walk_columns``): a tile of
+rows by channels a step, each input column read once per filter row.
+``--paired`` makes the resample kernel read a last axis that repeats every two
+output columns, or every output two input columns, in pairs
 (``_Launch.paired``: NCHW's 2x and 0.5x and their gradients): each tap a
 contiguous run of inputs, loaded in vectors where it starts on one, in place of
 a gather per output. ``--rows-together`` gives each resample program of one
@@ -349,6 +353,11 @@ def main() -> None:
         help="the depthwise kernels read their next row before they compute the current one",
     )
     parser.add_argument(
+        "--walk-columns",
+        action="store_true",
+        help="the NHWC filter gradient at column stride 1 walks its rows' columns in order",
+    )
+    parser.add_argument(
         "--paired",
         action="store_true",
         help="the resample kernel reads a last axis that repeats every two columns in pairs",
@@ -386,6 +395,8 @@ def main() -> None:
             imposed["taps"] = args.taps
         if args.read_ahead:
             imposed["read_ahead"] = True
+        if args.walk_columns:
+            imposed["walk_columns"] = True
         resample_options = {"paired": args.paired, "rows_together": args.rows_together}
         resample_options = {name: True for name, on in resample_options.items() if on}
         for module, fields in ((depthwise_kernels, imposed), (resample_kernels, resample_options)):

@@ -22,7 +22,10 @@ sums at once), then whether an NCHW kernel reads a run of columns that starts
 off a vector's alignment from the aligned vectors under it and moves the columns
 into place in registers (``aligned_reads``: fewer loads), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
-flight during the arithmetic, more registers); for the resample kernel, whether
+flight during the arithmetic, more registers), then whether an NHWC filter
+gradient at column stride 1 walks its rows' columns in order (``walk_columns``:
+a tile of rows by channels a step, which takes its own shape, so the tile and
+warps of the search then apply to the other kernels only); for the resample kernel, whether
 it reads a last axis that repeats every two output columns or every output two
 input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
 instead of a gather per tap (``paired``; elsewhere the same program), then
@@ -91,10 +94,11 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # them in pairs (wider stores, both phases' sums at once); whether they read
 # unaligned runs of NCHW columns from aligned vectors (fewer loads); whether they
 # read a row ahead (loads in flight during the arithmetic, more registers); whether
-# the resample kernel reads a last axis that repeats every two columns in pairs
-# (contiguous runs in place of gathers), and whether its programs hold their rows
-# as one tile (loads of all rows in flight at once); the tile
-# and the warps together (their ratio is the elements each thread holds, hence its
+# the NHWC filter gradient walks its rows' columns (a long loop, few loads a
+# multiply-add); whether the resample kernel reads a last axis that repeats
+# every two columns in pairs (contiguous runs in place of gathers), and whether
+# its programs hold their rows as one tile (loads of all rows in flight at once);
+# the tile and the warps together (their ratio is the elements each thread holds, hence its
 # registers); then the rows.
 GROUPS = (
     "taps",
@@ -103,6 +107,7 @@ GROUPS = (
     "strided writes",
     "aligned reads",
     "read ahead",
+    "walk columns",
     "column pairs",
     "rows together",
     "tile and warps",
@@ -143,6 +148,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "wide_strided_writes",
         "aligned_reads",
         "read_ahead",
+        "walk_columns",
         "paired",
         "rows_together",
     )
@@ -168,6 +174,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         options = [{"aligned_reads": a} for a in (False, True)] if aligned else [{}]
     elif group == "read ahead":
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
+    elif group == "walk columns":
+        walk = "walk_columns" in best
+        options = [{"walk_columns": w} for w in (False, True)] if walk else [{}]
     elif group == "column pairs":
         options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
     elif group == "rows together":
@@ -197,6 +206,7 @@ def label(fields: dict[str, int]) -> str:
     kept += ", strided columns written in pairs" if fields.get("wide_strided_writes") else ""
     kept += ", unaligned columns read aligned" if fields.get("aligned_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
+    kept += ", columns walked" if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""

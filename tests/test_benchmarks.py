@@ -96,7 +96,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
         # One other launch per group of parameters the family's kernels have, each
         # different: the patch took effect.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        assert len(groups) == {"depthwise": 8, "resample": 4}[row["family"]]
+        assert len(groups) == {"depthwise": 9, "resample": 4}[row["family"]]
         assert len({tuple(sorted(launch.items())) for launch in launches}) == 1 + len(groups)
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])

@@ -572,6 +572,85 @@ def test_unaligned_columns_read_from_aligned_vectors(
 
 @needs_kernels
 @pytest.mark.parametrize(
+    ("x_shape", "kernel", "strides", "dilations", "padding", "m", "dtype", "many_rows"),
+    [
+        # Every output column of a row in the walk's loop, but for its first and
+        # last two steps, unrolled, which leave out the taps past the output.
+        ((2, 9, 13, 3), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float32, True),
+        # Row stride 2 and column dilation 2 (a window of five columns), input
+        # channels repeated for a multiplier of 2, bfloat16; a program of one row.
+        ((2, 9, 13, 3), (3, 3), (2, 1), (1, 2), "VALID", 2, jnp.bfloat16, False),
+        # An explicit padding, a 2x4 filter dilated along its rows, a multiplier
+        # that is not a power of two.
+        ((2, 9, 13, 3), (2, 4), (1, 1), (2, 1), "EXPLICIT", 3, jnp.float32, True),
+        # Outputs fewer than the columns between a filter row's taps: every step
+        # unrolled, no loop.
+        ((2, 5, 3, 4), (3, 3), (1, 1), (1, 1), "VALID", 1, jnp.float32, True),
+        ((2, 5, 2, 4), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float16, True),
+        # Column dilation 3 (a window of seven columns) over a wider row.
+        ((2, 6, 21, 4), (3, 3), (1, 1), (1, 3), "SAME", 1, jnp.float32, True),
+    ],
+)
+def test_filter_gradient_walking_the_columns(
+    x_shape, kernel, strides, dilations, padding, m, dtype, many_rows, monkeypatch
+):
+    # An NHWC filter gradient at column stride 1 may walk its rows' columns in
+    # order (``_Launch.walk_columns``), each step a tile of rows by channels, the
+    # output gradient's columns kept in registers for the taps that read them
+    # later. It adds each tap's products in another order than the tiled kernel,
+    # so each result is compared with float64's: to float32's rounding, or the
+    # dtype's, with infinities and NaNs exactly where float64 has them (an
+    # infinite input in the first and the last column, which the walk's first
+    # and last steps read beside output columns that do not exist).
+    if many_rows:
+        monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
+    explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
+    cfg = make_cfg(x_shape, (*kernel, x_shape[3], m), strides, dilations, padding, explicit)
+    (x, f, dy), (x64, _, dy64) = operands(cfg, "NHWC", dtype, seed=sum(kernel))
+    for row, col in [(1, 0), (x_shape[1] - 2, x_shape[2] - 1)]:
+        x64[1, row, col, 1] = np.inf
+        x = x.at[1, row, col, 1].set(jnp.inf)
+    ops = {"backprop_filter": three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]}
+    spy = mock.patch.object(_pallas, "_walk_partials_kernel", wraps=_pallas._walk_partials_kernel)
+    with spy as walked:
+        got, given = under_both_launches(monkeypatch, "walk_columns", ops, "NHWC", x, f, dy)
+    assert walked.call_count > 0 and {g.walk_columns for g in given} == {False, True}
+    rows = {_pallas._walk_launch(configured(cfg, "NHWC"), g).rows for g in given}
+    assert (rows != {1}) == many_rows
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, in float64 too
+        want = ref_backprop_filter(x64, dy64, cfg)
+    finite = np.isfinite(want)
+    assert not finite.all()
+    tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # half types round their results
+    for walk, results in got.items():
+        message = f"columns walked: {walk}"
+        result = results["backprop_filter"]
+        np.testing.assert_array_equal(result[~finite], want[~finite], err_msg=message)
+        assert relative_error(result[finite], want[finite]) < tolerance, message
+
+
+def test_only_nhwc_filter_gradients_at_column_stride_one_walk_the_columns():
+    # The walk reads one column a step along the channels, the minor axis in NHWC
+    # only, and pairs each input column with the output columns at fixed distances
+    # from it, which a column stride other than 1 breaks; its taps are all held
+    # at once, and so are the output gradient's columns between a row's taps.
+    def walks(x_shape, kernel, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
+        cfg = make_cfg(x_shape, (*kernel, x_shape[3], 1), strides, dilations, "SAME")
+        conv = configured(cfg, data_format)
+        launch = _pallas._launch(conv, True, "filter")
+        assert not _pallas._walks_columns(conv, launch)  # off unless a launch sets it
+        return _pallas._walks_columns(conv, dataclasses.replace(launch, walk_columns=True))
+
+    assert walks((2, 9, 13, 3), (3, 3))
+    assert walks((2, 9, 13, 3), (3, 3), strides=(2, 1))
+    assert not walks((2, 9, 13, 3), (3, 3), data_format="NCHW")
+    assert not walks((2, 9, 13, 3), (3, 3), strides=(1, 2))
+    assert not walks((2, 9, 13, 3), (5, 5))  # 25 taps, more than a program holds
+    assert not walks((2, 9, 40, 3), (3, 3), dilations=(1, 5))  # ten columns apart
+
+
+@needs_kernels
+@pytest.mark.parametrize(
     ("data_format", "channels", "m", "repeats"),
     [
         ("NHWC", 3, 2, True),
@@ -910,6 +989,25 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     kernels = re.findall(r"_[a-z]+_kernel\b", text)
     assert text.count(TRITON_CALL) == 4
     assert set(kernels) == {"_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"}
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_column_walk_lowers_for_cuda(dtype, monkeypatch):
+    # The walk's loop carries its sums and the output gradient's recent columns,
+    # and its first and last steps are unrolled: all of it must lower to Triton.
+    cfg = make_cfg((2, 12, 20, 48), (3, 3, 48, 1), (1, 1), (1, 1), "SAME")
+    (x, _, dy), _ = operands(cfg, "NHWC", dtype)
+    op = three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]
+    chosen = _pallas._launch
+    monkeypatch.setattr(
+        _pallas, "_launch", lambda *a: dataclasses.replace(chosen(*a), walk_columns=True)
+    )
+    jax.clear_caches()
+    text = lowered_text(op, x, dy, platform="cuda")
+    assert text.count(TRITON_CALL) == 2
+    assert "_walk_partials_kernel" in text and "_sum_kernel" in text
+    jax.clear_caches()
 
 
 # ----------------------------------------------------------------------------------

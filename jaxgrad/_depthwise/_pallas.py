@@ -97,6 +97,14 @@ class _Launch:
     # where otherwise each row's loads wait for the row before to finish. Whether
     # that pays for the registers the tiles take is measured per kernel (``_CUTS``).
     read_ahead: bool = False
+    # Whether an NHWC filter gradient at column stride 1 walks each row's columns
+    # in order, a ``[rows, channels]`` tile a step, rather than cut the columns
+    # into tiles: a step reads one input column per filter row and one output-
+    # gradient column, which the taps of later steps read again from registers,
+    # so that a multiply-add costs few loads and little address arithmetic
+    # (``_walk_partials_kernel``). The tile then takes its own shape
+    # (``_walk_launch``); whether it pays is measured per kernel (``_CUTS``).
+    walk_columns: bool = False
 
     def call(
         self,
@@ -129,8 +137,9 @@ class _Cut:
     the taps it holds in registers (``_Launch.taps``), whether it reads or writes
     strided columns in pairs (``_Launch.wide_strided_reads``,
     ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
-    from aligned vectors (``_Launch.aligned_reads``), and whether it reads a row
-    ahead (``_Launch.read_ahead``)."""
+    from aligned vectors (``_Launch.aligned_reads``), whether it reads a row
+    ahead (``_Launch.read_ahead``), and whether it walks the columns
+    (``_Launch.walk_columns``)."""
 
     tile: int
     most_channels: int
@@ -141,6 +150,7 @@ class _Cut:
     wide_strided_writes: bool = False
     aligned_reads: bool = False
     read_ahead: bool = False
+    walk_columns: bool = False
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -218,6 +228,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         wide_strided_writes=cut.wide_strided_writes,
         aligned_reads=cut.aligned_reads,
         read_ahead=cut.read_ahead,
+        walk_columns=cut.walk_columns,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
@@ -1030,6 +1041,146 @@ def _store_partials(
         plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
 
 
+# A column walk's tile (``_Launch.walk_columns``): 32 channels at most, across
+# four threads of 8 (16 bytes of bfloat16 each), and rows enough for the other
+# threads of its warps, so that every thread holds a run of 8 channels of a row.
+_WALK_CHANNELS = 32
+_WALK_WARPS = 2
+_WALK_ELEMENTS = 8
+# Warps a walk's grid should have at least, where fewer rows a program can make
+# them: about eight a multiprocessor of an H100. A walk's program is long, one
+# step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
+# busy, and fewer rows a program leave its threads fewer channels to load at once.
+_MIN_WALK_WARPS = 1024
+# The most output columns between the first and the last tap of a filter row
+# that a walk keeps in registers: each takes a tile, and the walk's first and
+# last steps, as many, are unrolled.
+_MOST_WALK_SPAN = 8
+
+
+def _walks_columns(conv: Conv, launch: _Launch) -> bool:
+    """Whether the filter gradient walks the columns (``_Launch.walk_columns``):
+    in NHWC, whose channels are the minor axis, at column stride 1, for a filter
+    whose taps one program holds, with few columns between a filter row's taps."""
+    fh, fw = conv.kernel
+    return (
+        launch.walk_columns
+        and not conv.nchw
+        and conv.strides[1] == 1
+        and fh * fw <= launch.taps
+        and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
+    )
+
+
+def _walk_launch(conv: Conv, launch: _Launch) -> _Launch:
+    """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
+    chans = min(pl.next_power_of_2(conv.channels * conv.multiplier), _WALK_CHANNELS)
+    rows = 32 * _WALK_WARPS * _WALK_ELEMENTS // chans
+    rows = min(pl.next_power_of_2(conv.out_size[0]), rows)
+    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=_WALK_WARPS)
+    while walk.rows > 1 and math.prod(_grid(conv, walk, "filter")) * walk.warps < _MIN_WALK_WARPS:
+        walk = dataclasses.replace(walk, rows=walk.rows // 2)
+    return walk
+
+
+def _read_rows(
+    ref: Any,
+    launch: _Launch,
+    n: Any,
+    rows: jax.Array,
+    col: Any,
+    chans: Any,
+    dtype: Any,
+    wanted: Any,
+) -> jax.Array:
+    """The ``[len(rows), len(chans)]`` tile of an NHWC array at one column, as
+    ``dtype``, zero where a row, the column or a channel lies outside the array,
+    or where ``wanted`` (one flag per row) is false."""
+    _, h, w, c = ref.shape
+    row_inside = (rows >= 0) & (rows < h) & wanted & (col >= 0) & (col < w)
+    inside = row_inside[:, None] & ((chans >= 0) & (chans < c))[None, :]
+    index = (
+        n,
+        launch.index(rows, h)[:, None],
+        jnp.clip(col, 0, w - 1),
+        launch.index(chans, c)[None, :],
+    )
+    return plgpu.load(ref.at[index], mask=inside, other=0).astype(dtype)
+
+
+def _walk_partials_kernel(
+    x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
+) -> None:
+    """A program's partials of the filter gradient, walking its rows' columns.
+
+    The tile is a block of output rows by a block of channels. Step ``s`` reads,
+    for each filter row, the input column ``s - left`` at the rows it reads for
+    the tile's rows, and the output gradient's column ``s``; tap ``(di, dj)``
+    multiplies the input column by the output gradient's column ``s - dj * dw``,
+    the one it pairs with, read ``dj * dw`` steps before and kept in registers
+    since. Where that column lies outside the output (the walk's first and last
+    steps) the product is left out, not taken with a zero: an infinite input
+    there must not make a NaN. Each tap's sums are added over the columns in
+    order, then over the tile's rows, in float32.
+    """
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "filter")
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    in_chans = _input_lanes(conv, launch)
+    (fh, fw), (sh, _), (dh, dw) = conv.kernel, conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    out_h, out_w = conv.out_size
+    rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
+    rows_ok = rows < out_h  # past the last output row, the input reads as zero too
+    span = (fw - 1) * dw
+
+    def step(
+        s: Any, sums: list[jax.Array], recent: list[Any], unrolled: bool
+    ) -> tuple[list[jax.Array], list[Any]]:
+        """Step ``s``. ``recent[k]``: the output gradient's column ``s - 1 - k``
+        (None where a walk's first step would read one before the output). An
+        ``unrolled`` step has ``s`` known, and leaves out the products whose
+        column lies outside the output; the steps in a loop have none such."""
+        newest = None
+        if not unrolled or s < out_w:
+            newest = _read_rows(dy_ref, launch, n, rows, s, out_chans, dtype, rows_ok)
+        window = [newest, *recent]  # window[k]: column s - k
+        sums = list(sums)
+        for di in range(fh):
+            taps = [dj for dj in range(fw) if not unrolled or 0 <= s - dj * dw < out_w]
+            if not taps:
+                continue
+            x_rows = rows * sh - top + di * dh
+            column = _read_rows(x_ref, launch, n, x_rows, s - left, in_chans, dtype, rows_ok)
+            column = _on_output_lanes(column, conv)
+            for dj in taps:
+                sums[di * fw + dj] = sums[di * fw + dj] + column * window[dj * dw]
+        return sums, window[:span]
+
+    sums = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
+    recent: list[Any] = [None] * span
+    # The first steps, until the window holds a column for every tap; then the
+    # loop, ``span + 1`` steps an iteration so that the window's columns keep
+    # their registers; then what is left, and the last steps.
+    middle = range(span, max(span, out_w))
+    per_iteration = span + 1
+    iterations = len(middle) // per_iteration
+    for s in range(min(span, out_w + span)):
+        sums, recent = step(s, sums, recent, unrolled=True)
+
+    def iteration(i: Any, carry: tuple[list[jax.Array], list[Any]]) -> Any:
+        sums, recent = carry
+        for k in range(per_iteration):
+            sums, recent = step(span + i * per_iteration + k, sums, recent, unrolled=False)
+        return sums, recent
+
+    if iterations:
+        sums, recent = lax.fori_loop(0, iterations, iteration, (sums, recent))
+    for s in range(span + iterations * per_iteration, out_w + span):
+        sums, recent = step(s, sums, recent, unrolled=True)
+    _store_partials(part_ref, launch, pl.program_id(0), range(fh * fw), out_chans, tuple(sums))
+
+
 # The partials are added up by programs of 4 warps in blocks of this many elements
 # (16 KiB of float32: each of 128 threads has eight 128-bit loads in flight at
 # once, and a program waits on memory once per block) ...
@@ -1087,11 +1238,14 @@ def filter_gradient(
     if empty is not None:
         return empty
     launch = _launch(conv, interpret, "filter")
+    kernel = _partials_kernel
+    if _walks_columns(conv, launch):
+        launch, kernel = _walk_launch(conv, launch), _walk_partials_kernel
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     programs = _row_programs(conv, launch, "filter")  # each one partial per tap and channel
     partials = launch.call(
-        functools.partial(_partials_kernel, conv=conv),
+        functools.partial(kernel, conv=conv),
         _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
         _grid(conv, launch, "filter"),
         x,
