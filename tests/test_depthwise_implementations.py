@@ -591,42 +591,50 @@ def test_unaligned_columns_read_from_aligned_vectors(
         ((2, 6, 21, 4), (3, 3), (1, 1), (1, 3), "SAME", 1, jnp.float32, True),
     ],
 )
-def test_filter_gradient_walking_the_columns(
+def test_kernels_walking_the_columns(
     x_shape, kernel, strides, dilations, padding, m, dtype, many_rows, monkeypatch
 ):
-    # An NHWC filter gradient at column stride 1 may walk its rows' columns in
-    # order (``_Launch.walk_columns``), each step a tile of rows by channels, the
-    # output gradient's columns kept in registers for the taps that read them
-    # later. It adds each tap's products in another order than the tiled kernel,
-    # so each result is compared with float64's: to float32's rounding, or the
-    # dtype's, with infinities and NaNs exactly where float64 has them (an
-    # infinite input in the first and the last column, which the walk's first
-    # and last steps read beside output columns that do not exist).
+    # An NHWC forward or filter gradient at column stride 1 may walk its rows'
+    # columns in order (``_Launch.walk_columns``), each step a tile of rows by
+    # channels, the columns later steps read again kept in registers: the
+    # forward's input columns, the filter gradient's output-gradient columns.
+    # The filter gradient adds each tap's products in another order than the
+    # tiled kernel, so each result is compared with float64's: to float32's
+    # rounding, or the dtype's, with infinities and NaNs exactly where float64
+    # has them (an infinite input in the first and the last column, which the
+    # walk's first and last steps read beside output columns that do not exist).
     if many_rows:
         monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
     cfg = make_cfg(x_shape, (*kernel, x_shape[3], m), strides, dilations, padding, explicit)
-    (x, f, dy), (x64, _, dy64) = operands(cfg, "NHWC", dtype, seed=sum(kernel))
+    (x, f, dy), (x64, f64, dy64) = operands(cfg, "NHWC", dtype, seed=sum(kernel))
     for row, col in [(1, 0), (x_shape[1] - 2, x_shape[2] - 1)]:
         x64[1, row, col, 1] = np.inf
         x = x.at[1, row, col, 1].set(jnp.inf)
-    ops = {"backprop_filter": three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]}
-    spy = mock.patch.object(_pallas, "_walk_partials_kernel", wraps=_pallas._walk_partials_kernel)
-    with spy as walked:
+    ops = three_ops(cfg, "NHWC", implementation="pallas")
+    del ops["backprop_input"]
+    spies = [
+        mock.patch.object(_pallas, name, wraps=getattr(_pallas, name))
+        for name in ("_walk_forward_kernel", "_walk_partials_kernel")
+    ]
+    with spies[0] as forward_walked, spies[1] as filter_walked:
         got, given = under_both_launches(monkeypatch, "walk_columns", ops, "NHWC", x, f, dy)
-    assert walked.call_count > 0 and {g.walk_columns for g in given} == {False, True}
-    rows = {_pallas._walk_launch(configured(cfg, "NHWC"), g).rows for g in given}
+    assert forward_walked.call_count > 0 and filter_walked.call_count > 0
+    assert {g.walk_columns for g in given} == {False, True}
+    conv = configured(cfg, "NHWC")
+    rows = {_pallas._walk_launch(conv, g, k).rows for g in given for k in ("forward", "filter")}
     assert (rows != {1}) == many_rows
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, in float64 too
-        want = ref_backprop_filter(x64, dy64, cfg)
-    finite = np.isfinite(want)
-    assert not finite.all()
+        wants = references(cfg, x64, f64, dy64)
+    del wants["backprop_input"]
     tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # half types round their results
-    for walk, results in got.items():
-        message = f"columns walked: {walk}"
-        result = results["backprop_filter"]
-        np.testing.assert_array_equal(result[~finite], want[~finite], err_msg=message)
-        assert relative_error(result[finite], want[finite]) < tolerance, message
+    for name, want in wants.items():
+        finite = np.isfinite(want)
+        assert not finite.all(), name
+        for walk, results in got.items():
+            message = f"{name}, columns walked: {walk}"
+            np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
+            assert relative_error(results[name][finite], want[finite]) < tolerance, message
 
 
 def test_only_nhwc_filter_gradients_at_column_stride_one_walk_the_columns():
@@ -993,20 +1001,26 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_column_walk_lowers_for_cuda(dtype, monkeypatch):
-    # The walk's loop carries its sums and the output gradient's recent columns,
-    # and its first and last steps are unrolled: all of it must lower to Triton.
+def test_column_walks_lower_for_cuda(dtype, monkeypatch):
+    # A walk's loop carries the columns it keeps (and the filter gradient's
+    # sums), and its first and last steps are unrolled: all of it must lower to
+    # Triton, in the forward and in the filter gradient's partials.
     cfg = make_cfg((2, 12, 20, 48), (3, 3, 48, 1), (1, 1), (1, 1), "SAME")
-    (x, _, dy), _ = operands(cfg, "NHWC", dtype)
-    op = three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]
+    (x, f, dy), _ = operands(cfg, "NHWC", dtype)
+    ops = three_ops(cfg, "NHWC", implementation="pallas")
+
+    def forward_and_filter_gradient(x, f, dy):
+        return ops["forward"](x, f), ops["backprop_filter"](x, dy)
+
     chosen = _pallas._launch
     monkeypatch.setattr(
         _pallas, "_launch", lambda *a: dataclasses.replace(chosen(*a), walk_columns=True)
     )
     jax.clear_caches()
-    text = lowered_text(op, x, dy, platform="cuda")
-    assert text.count(TRITON_CALL) == 2
-    assert "_walk_partials_kernel" in text and "_sum_kernel" in text
+    text = lowered_text(forward_and_filter_gradient, x, f, dy, platform="cuda")
+    assert text.count(TRITON_CALL) == 3
+    for kernel in ("_walk_forward_kernel", "_walk_partials_kernel", "_sum_kernel"):
+        assert kernel in text, kernel
     jax.clear_caches()
 
 

@@ -97,12 +97,13 @@ class _Launch:
     # where otherwise each row's loads wait for the row before to finish. Whether
     # that pays for the registers the tiles take is measured per kernel (``_CUTS``).
     read_ahead: bool = False
-    # Whether an NHWC filter gradient at column stride 1 walks each row's columns
-    # in order, a ``[rows, channels]`` tile a step, rather than cut the columns
-    # into tiles: a step reads one input column per filter row and one output-
-    # gradient column, which the taps of later steps read again from registers,
-    # so that a multiply-add costs few loads and little address arithmetic
-    # (``_walk_partials_kernel``). The tile then takes its own shape
+    # Whether an NHWC forward or filter gradient at column stride 1 walks each
+    # row's columns in order, a ``[rows, channels]`` tile a step, rather than cut
+    # the columns into tiles: a step reads one input column per filter row (and
+    # the filter gradient one output-gradient column), which the taps of later
+    # steps read again from registers, so that a multiply-add costs few loads and
+    # little address arithmetic (``_walk_forward_kernel``,
+    # ``_walk_partials_kernel``). The tile then takes its own shape
     # (``_walk_launch``); whether it pays is measured per kernel (``_CUTS``).
     walk_columns: bool = False
 
@@ -610,6 +611,107 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 
 
 # --------------------------------------------------------------------------------------
+# Column walks (``_Launch.walk_columns``)
+# --------------------------------------------------------------------------------------
+
+
+# A column walk's tile (``_Launch.walk_columns``): 32 channels at most, across
+# four threads of 8 (16 bytes of bfloat16 each), and rows enough for the other
+# threads of its warps, so that every thread holds a run of 8 channels of a row.
+_WALK_CHANNELS = 32
+_WALK_WARPS = 2
+_WALK_ELEMENTS = 8
+# Warps a walk's grid should have at least, where fewer rows a program can make
+# them: about eight a multiprocessor of an H100. A walk's program is long, one
+# step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
+# busy, and fewer rows a program leave its threads fewer channels to load at once.
+_MIN_WALK_WARPS = 1024
+# The most taps a walk holds: one tile of sums or of taps each.
+_MOST_WALK_TAPS = 16
+# The most output columns between the first and the last tap of a filter row
+# that a walk keeps in registers: each takes a tile, and the walk's first and
+# last steps, as many, are unrolled.
+_MOST_WALK_SPAN = 8
+
+
+def _walks_columns(conv: Conv, launch: _Launch) -> bool:
+    """Whether a kernel launched with ``launch`` walks the columns
+    (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, at
+    column stride 1, for a filter whose taps one program holds, with few columns
+    between a filter row's first and last tap."""
+    fh, fw = conv.kernel
+    return (
+        launch.walk_columns
+        and not conv.nchw
+        and conv.strides[1] == 1
+        and fh * fw <= min(launch.taps, _MOST_WALK_TAPS)
+        and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
+    )
+
+
+def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
+    """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
+    chans = min(pl.next_power_of_2(conv.channels * conv.multiplier), _WALK_CHANNELS)
+    rows = 32 * _WALK_WARPS * _WALK_ELEMENTS // chans
+    rows = min(pl.next_power_of_2(conv.out_size[0]), rows)
+    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=_WALK_WARPS)
+
+    def warps(walk: _Launch) -> int:
+        return math.prod(_walk_grid(conv, walk, kernel)) * walk.warps
+
+    while walk.rows > 1 and warps(walk) < _MIN_WALK_WARPS:
+        walk = dataclasses.replace(walk, rows=walk.rows // 2)
+    return walk
+
+
+def _walk_grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
+    """A walk's programs: images x row blocks, and channel blocks."""
+    channels = conv.channels * conv.multiplier
+    return (_row_programs(conv, launch, kernel), pl.cdiv(channels, launch.channels), 1)
+
+
+def _read_rows(
+    ref: Any,
+    launch: _Launch,
+    n: Any,
+    rows: jax.Array,
+    col: Any,
+    chans: Any,
+    dtype: Any,
+    wanted: Any,
+) -> jax.Array:
+    """The ``[len(rows), len(chans)]`` tile of an NHWC array at one column, as
+    ``dtype``, zero where a row, the column or a channel lies outside the array,
+    or where ``wanted`` (one flag per row) is false."""
+    _, h, w, c = ref.shape
+    row_inside = (rows >= 0) & (rows < h) & wanted & (col >= 0) & (col < w)
+    inside = row_inside[:, None] & ((chans >= 0) & (chans < c))[None, :]
+    index = (
+        n,
+        launch.index(rows, h)[:, None],
+        jnp.clip(col, 0, w - 1),
+        launch.index(chans, c)[None, :],
+    )
+    return plgpu.load(ref.at[index], mask=inside, other=0).astype(dtype)
+
+
+def _write_rows(
+    ref: Any, launch: _Launch, n: Any, rows: jax.Array, col: Any, chans: Any, tile: jax.Array
+) -> None:
+    """Stores a ``[len(rows), len(chans)]`` tile of an NHWC array at one column
+    inside it; rows and channels outside the array are not written."""
+    _, h, _, c = ref.shape
+    inside = (rows < h)[:, None] & (chans < c)[None, :]
+    index = (
+        n,
+        launch.index(rows, h, store=True)[:, None],
+        col,
+        launch.index(chans, c, store=True)[None, :],
+    )
+    plgpu.store(ref.at[index], tile.astype(ref.dtype), mask=inside)
+
+
+# --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
 
@@ -666,17 +768,80 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     lax.fori_loop(0, launch.rows, row, None)
 
 
+def _walk_forward_kernel(
+    x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch
+) -> None:
+    """A program's output rows, walking their columns.
+
+    The tile is a block of output rows by a block of channels. Step ``s`` reads,
+    for each filter row, the input column ``s - left`` at the rows it reads for
+    the tile's rows, and keeps it in registers for the steps after it; output
+    column ``s - span`` then has every input column its taps read, and is summed
+    tap by tap in the tiled kernel's order (the same bits) and stored.
+    """
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    in_chans = _input_lanes(conv, launch)
+    (fh, fw), (sh, _), (dh, dw) = conv.kernel, conv.strides, conv.dilations
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    out_h, out_w = conv.out_size
+    rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
+    rows_ok = rows < out_h
+    span = (fw - 1) * dw
+    taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
+
+    def step(s: Any, recent: list[list[Any]], stores: bool) -> list[list[Any]]:
+        """Step ``s``. ``recent[di][k]``: filter row ``di``'s input column
+        ``s - 1 - k - left`` (None before the first)."""
+        window = []  # window[di][k]: input column s - k - left
+        for di in range(fh):
+            x_rows = rows * sh - top + di * dh
+            column = _read_rows(x_ref, launch, n, x_rows, s - left, in_chans, dtype, rows_ok)
+            window.append([_on_output_lanes(column, conv), *recent[di]])
+        if stores:  # output column s - span reads input column s - span + dj * dw - left
+            total = jnp.zeros((launch.rows, launch.channels), dtype)
+            for di in range(fh):
+                for dj in range(fw):
+                    total = total + window[di][span - dj * dw] * taps(di * fw + dj, 0)[None, :]
+            _write_rows(y_ref, launch, n, rows, s - span, out_chans, total)
+        return [columns[:span] for columns in window]
+
+    # The first steps read the columns the first output needs before its own;
+    # then every step stores a column, ``span + 1`` steps a loop iteration so that
+    # the kept columns keep their registers, and the steps left over.
+    recent: list[list[Any]] = [[None] * span for _ in range(fh)]
+    for s in range(span):
+        recent = step(s, recent, stores=False)
+    per_iteration = span + 1
+    iterations = out_w // per_iteration
+
+    def iteration(i: Any, recent: list[list[Any]]) -> list[list[Any]]:
+        for k in range(per_iteration):
+            recent = step(span + i * per_iteration + k, recent, stores=True)
+        return recent
+
+    if iterations:
+        recent = lax.fori_loop(0, iterations, iteration, recent)
+    for s in range(span + iterations * per_iteration, span + out_w):
+        recent = step(s, recent, stores=True)
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     empty = _empty(conv, conv.output_shape, x.dtype)
     if empty is not None:
         return empty
     launch = _launch(conv, interpret, "forward")
+    kernel, grid = _forward_kernel, _grid(conv, launch, "forward")
+    if _walks_columns(conv, launch):
+        launch = _walk_launch(conv, launch, "forward")
+        kernel, grid = _walk_forward_kernel, _walk_grid(conv, launch, "forward")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     return launch.call(
-        functools.partial(_forward_kernel, conv=conv),
+        functools.partial(kernel, conv=conv),
         _struct(conv.output_shape, x.dtype),
-        _grid(conv, launch, "forward"),
+        grid,
         x,
         f.reshape(fh * fw, channels),
     )
@@ -1041,73 +1206,6 @@ def _store_partials(
         plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
 
 
-# A column walk's tile (``_Launch.walk_columns``): 32 channels at most, across
-# four threads of 8 (16 bytes of bfloat16 each), and rows enough for the other
-# threads of its warps, so that every thread holds a run of 8 channels of a row.
-_WALK_CHANNELS = 32
-_WALK_WARPS = 2
-_WALK_ELEMENTS = 8
-# Warps a walk's grid should have at least, where fewer rows a program can make
-# them: about eight a multiprocessor of an H100. A walk's program is long, one
-# step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
-# busy, and fewer rows a program leave its threads fewer channels to load at once.
-_MIN_WALK_WARPS = 1024
-# The most output columns between the first and the last tap of a filter row
-# that a walk keeps in registers: each takes a tile, and the walk's first and
-# last steps, as many, are unrolled.
-_MOST_WALK_SPAN = 8
-
-
-def _walks_columns(conv: Conv, launch: _Launch) -> bool:
-    """Whether the filter gradient walks the columns (``_Launch.walk_columns``):
-    in NHWC, whose channels are the minor axis, at column stride 1, for a filter
-    whose taps one program holds, with few columns between a filter row's taps."""
-    fh, fw = conv.kernel
-    return (
-        launch.walk_columns
-        and not conv.nchw
-        and conv.strides[1] == 1
-        and fh * fw <= launch.taps
-        and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
-    )
-
-
-def _walk_launch(conv: Conv, launch: _Launch) -> _Launch:
-    """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
-    chans = min(pl.next_power_of_2(conv.channels * conv.multiplier), _WALK_CHANNELS)
-    rows = 32 * _WALK_WARPS * _WALK_ELEMENTS // chans
-    rows = min(pl.next_power_of_2(conv.out_size[0]), rows)
-    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=_WALK_WARPS)
-    while walk.rows > 1 and math.prod(_grid(conv, walk, "filter")) * walk.warps < _MIN_WALK_WARPS:
-        walk = dataclasses.replace(walk, rows=walk.rows // 2)
-    return walk
-
-
-def _read_rows(
-    ref: Any,
-    launch: _Launch,
-    n: Any,
-    rows: jax.Array,
-    col: Any,
-    chans: Any,
-    dtype: Any,
-    wanted: Any,
-) -> jax.Array:
-    """The ``[len(rows), len(chans)]`` tile of an NHWC array at one column, as
-    ``dtype``, zero where a row, the column or a channel lies outside the array,
-    or where ``wanted`` (one flag per row) is false."""
-    _, h, w, c = ref.shape
-    row_inside = (rows >= 0) & (rows < h) & wanted & (col >= 0) & (col < w)
-    inside = row_inside[:, None] & ((chans >= 0) & (chans < c))[None, :]
-    index = (
-        n,
-        launch.index(rows, h)[:, None],
-        jnp.clip(col, 0, w - 1),
-        launch.index(chans, c)[None, :],
-    )
-    return plgpu.load(ref.at[index], mask=inside, other=0).astype(dtype)
-
-
 def _walk_partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
@@ -1238,16 +1336,17 @@ def filter_gradient(
     if empty is not None:
         return empty
     launch = _launch(conv, interpret, "filter")
-    kernel = _partials_kernel
+    kernel, grid = _partials_kernel, _grid(conv, launch, "filter")
     if _walks_columns(conv, launch):
-        launch, kernel = _walk_launch(conv, launch), _walk_partials_kernel
+        launch = _walk_launch(conv, launch, "filter")
+        kernel, grid = _walk_partials_kernel, _walk_grid(conv, launch, "filter")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     programs = _row_programs(conv, launch, "filter")  # each one partial per tap and channel
     partials = launch.call(
         functools.partial(kernel, conv=conv),
         _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
-        _grid(conv, launch, "filter"),
+        grid,
         x,
         dy,
     )
