@@ -574,6 +574,9 @@ def test_unaligned_columns_read_from_aligned_vectors(
 @pytest.mark.parametrize(
     ("x_shape", "kernel", "strides", "dilations", "padding", "m", "dtype", "many_rows"),
     [
+        # The input gradient's walk, with a padding on the left and a dilated
+        # filter row: its first steps read columns left of the output gradient.
+        ((2, 9, 13, 3), (2, 3), (1, 1), (2, 2), "EXPLICIT", 1, jnp.bfloat16, True),
         # Every output column of a row in the walk's loop, but for its first and
         # last two steps, unrolled, which leave out the taps past the output.
         ((2, 9, 13, 3), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float32, True),
@@ -594,15 +597,16 @@ def test_unaligned_columns_read_from_aligned_vectors(
 def test_kernels_walking_the_columns(
     x_shape, kernel, strides, dilations, padding, m, dtype, many_rows, monkeypatch
 ):
-    # An NHWC forward or filter gradient at column stride 1 may walk its rows'
-    # columns in order (``_Launch.walk_columns``), each step a tile of rows by
-    # channels, the columns later steps read again kept in registers: the
-    # forward's input columns, the filter gradient's output-gradient columns.
-    # The filter gradient adds each tap's products in another order than the
-    # tiled kernel, so each result is compared with float64's: to float32's
-    # rounding, or the dtype's, with infinities and NaNs exactly where float64
-    # has them (an infinite input in the first and the last column, which the
-    # walk's first and last steps read beside output columns that do not exist).
+    # An NHWC kernel at column stride 1 may walk its rows' columns in order
+    # (``_Launch.walk_columns``), each step a tile of rows by channels, the
+    # columns later steps read again kept in registers: the forward's and the
+    # filter gradient's input columns, the input gradient's and the filter
+    # gradient's output-gradient columns. The filter gradient adds each tap's
+    # products in another order than the tiled kernel, so each result is
+    # compared with float64's: to float32's rounding, or the dtype's, with
+    # infinities and NaNs exactly where float64 has them (an infinite input in
+    # the first and the last column, which the walk's first and last steps read
+    # beside output columns that do not exist, and one output gradient).
     if many_rows:
         monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
@@ -611,50 +615,64 @@ def test_kernels_walking_the_columns(
     for row, col in [(1, 0), (x_shape[1] - 2, x_shape[2] - 1)]:
         x64[1, row, col, 1] = np.inf
         x = x.at[1, row, col, 1].set(jnp.inf)
+    # The input gradient walks at strides of 1 and without a multiplier.
+    input_walks = strides == (1, 1) and m == 1
+    # An infinite output gradient whose window lies inside the input (where it
+    # reads a padding's zero, every implementation's filter gradient has 0 * inf).
+    centre = [out // 2 for out, _ in cfg["geom"]]
+    axes = zip(centre, cfg["geom"], strides, kernel, dilations, x_shape[1:3], strict=True)
+    inside = all(0 <= o * st - b <= n - 1 - (k - 1) * d for o, (_, b), st, k, d, n in axes)
+    if inside:
+        dy64[0, *centre, 0] = np.inf
+        dy = dy.at[0, *centre, 0].set(jnp.inf)
     ops = three_ops(cfg, "NHWC", implementation="pallas")
-    del ops["backprop_input"]
-    spies = [
-        mock.patch.object(_pallas, name, wraps=getattr(_pallas, name))
-        for name in ("_walk_forward_kernel", "_walk_partials_kernel")
-    ]
-    with spies[0] as forward_walked, spies[1] as filter_walked:
+    kernels = ("_walk_forward_kernel", "_walk_input_kernel", "_walk_partials_kernel")
+    spies = [mock.patch.object(_pallas, k, wraps=getattr(_pallas, k)) for k in kernels]
+    with spies[0] as forward_walked, spies[1] as input_walked, spies[2] as filter_walked:
         got, given = under_both_launches(monkeypatch, "walk_columns", ops, "NHWC", x, f, dy)
     assert forward_walked.call_count > 0 and filter_walked.call_count > 0
+    assert (input_walked.call_count > 0) == input_walks
     assert {g.walk_columns for g in given} == {False, True}
     conv = configured(cfg, "NHWC")
-    rows = {_pallas._walk_launch(conv, g, k).rows for g in given for k in ("forward", "filter")}
+    walked = ("forward", "filter", "input") if input_walks else ("forward", "filter")
+    rows = {_pallas._walk_launch(conv, g, k).rows for g in given for k in walked}
     assert (rows != {1}) == many_rows
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, in float64 too
         wants = references(cfg, x64, f64, dy64)
-    del wants["backprop_input"]
     tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # half types round their results
     for name, want in wants.items():
         finite = np.isfinite(want)
-        assert not finite.all(), name
+        assert finite.all() == (name == "backprop_input" and not inside), name
         for walk, results in got.items():
             message = f"{name}, columns walked: {walk}"
             np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
             assert relative_error(results[name][finite], want[finite]) < tolerance, message
 
 
-def test_only_nhwc_filter_gradients_at_column_stride_one_walk_the_columns():
-    # The walk reads one column a step along the channels, the minor axis in NHWC
-    # only, and pairs each input column with the output columns at fixed distances
-    # from it, which a column stride other than 1 breaks; its taps are all held
-    # at once, and so are the output gradient's columns between a row's taps.
-    def walks(x_shape, kernel, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
-        cfg = make_cfg(x_shape, (*kernel, x_shape[3], 1), strides, dilations, "SAME")
+def test_which_kernels_walk_the_columns():
+    # A walk reads one column a step along the channels, the minor axis in NHWC
+    # only, and pairs each column with the columns at fixed distances from it,
+    # which a column stride other than 1 breaks; its taps are all held at once,
+    # and so are the columns between a filter row's first and last tap. The
+    # input gradient's rows read the output gradient's at fixed offsets only at
+    # row stride 1, and its lanes are the output's only without a multiplier.
+    def walks(kernel, x_shape, f_shape, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
+        cfg = make_cfg(x_shape, f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)
-        launch = _pallas._launch(conv, True, "filter")
-        assert not _pallas._walks_columns(conv, launch)  # off unless a launch sets it
-        return _pallas._walks_columns(conv, dataclasses.replace(launch, walk_columns=True))
+        launch = _pallas._launch(conv, True, kernel)
+        assert not _pallas._walks_columns(conv, launch, kernel)  # off unless a launch sets it
+        launch = dataclasses.replace(launch, walk_columns=True)
+        return _pallas._walks_columns(conv, launch, kernel)
 
-    assert walks((2, 9, 13, 3), (3, 3))
-    assert walks((2, 9, 13, 3), (3, 3), strides=(2, 1))
-    assert not walks((2, 9, 13, 3), (3, 3), data_format="NCHW")
-    assert not walks((2, 9, 13, 3), (3, 3), strides=(1, 2))
-    assert not walks((2, 9, 13, 3), (5, 5))  # 25 taps, more than a program holds
-    assert not walks((2, 9, 40, 3), (3, 3), dilations=(1, 5))  # ten columns apart
+    x, f = (2, 9, 40, 3), (3, 3, 3, 1)
+    for kernel in ("forward", "input", "filter"):
+        assert walks(kernel, x, f)
+        assert not walks(kernel, x, f, data_format="NCHW")
+        assert not walks(kernel, x, f, strides=(1, 2))
+        assert not walks(kernel, x, (5, 5, 3, 1))  # 25 taps, more than a walk holds
+        assert not walks(kernel, x, f, dilations=(1, 5))  # ten columns apart
+        assert walks(kernel, x, f, strides=(2, 1)) == (kernel != "input")
+        assert walks(kernel, x, (3, 3, 3, 2)) == (kernel != "input")
 
 
 @needs_kernels

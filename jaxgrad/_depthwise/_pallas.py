@@ -634,26 +634,31 @@ _MOST_WALK_TAPS = 16
 _MOST_WALK_SPAN = 8
 
 
-def _walks_columns(conv: Conv, launch: _Launch) -> bool:
-    """Whether a kernel launched with ``launch`` walks the columns
+def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
+    """Whether ``kernel`` launched with ``launch`` walks the columns
     (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, at
     column stride 1, for a filter whose taps one program holds, with few columns
-    between a filter row's first and last tap."""
+    between a filter row's first and last tap. The input gradient walks at row
+    stride 1 and without a depth multiplier only: its rows then read the output
+    gradient's rows at fixed offsets, and its lanes are the output's."""
     fh, fw = conv.kernel
+    input_walks = conv.strides[0] == 1 and conv.multiplier == 1
     return (
         launch.walk_columns
         and not conv.nchw
         and conv.strides[1] == 1
         and fh * fw <= min(launch.taps, _MOST_WALK_TAPS)
         and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
+        and (kernel != "input" or input_walks)
     )
 
 
 def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
-    chans = min(pl.next_power_of_2(conv.channels * conv.multiplier), _WALK_CHANNELS)
+    (tile_rows, _), lanes = _tiled(conv, kernel)
+    chans = min(pl.next_power_of_2(lanes), _WALK_CHANNELS)
     rows = 32 * _WALK_WARPS * _WALK_ELEMENTS // chans
-    rows = min(pl.next_power_of_2(conv.out_size[0]), rows)
+    rows = min(pl.next_power_of_2(tile_rows), rows)
     walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=_WALK_WARPS)
 
     def warps(walk: _Launch) -> int:
@@ -666,8 +671,8 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
 
 def _walk_grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
     """A walk's programs: images x row blocks, and channel blocks."""
-    channels = conv.channels * conv.multiplier
-    return (_row_programs(conv, launch, kernel), pl.cdiv(channels, launch.channels), 1)
+    _, lanes = _tiled(conv, kernel)
+    return (_row_programs(conv, launch, kernel), pl.cdiv(lanes, launch.channels), 1)
 
 
 def _read_rows(
@@ -768,63 +773,121 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
     lax.fori_loop(0, launch.rows, row, None)
 
 
-def _walk_forward_kernel(
-    x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch
+def _walk_sums(
+    read: Callable[[int, Any], jax.Array],
+    write: Callable[[Any, jax.Array], None],
+    taps: _Taps,
+    conv: Conv,
+    shape: tuple[int, int],
+    *,
+    outputs: int,
+    first: int,
+    kept: Callable[[int], int],
 ) -> None:
-    """A program's output rows, walking their columns.
+    """Walks a program's columns: the forward's and the input gradient's.
 
-    The tile is a block of output rows by a block of channels. Step ``s`` reads,
-    for each filter row, the input column ``s - left`` at the rows it reads for
-    the tile's rows, and keeps it in registers for the steps after it; output
-    column ``s - span`` then has every input column its taps read, and is summed
-    tap by tap in the tiled kernel's order (the same bits) and stored.
+    Step ``t`` reads, for each filter row ``di``, the column ``first + t`` of the
+    array the sums read (``read(di, column)``, a tile of ``shape``), and keeps it
+    in registers for the steps after it. From step ``span`` on, output column
+    ``t - span`` has every column its taps read: tap ``(di, dj)`` reads the one
+    read ``kept(dj)`` steps before. It is summed tap by tap, in the tiled kernels'
+    order, and written (``write(column, tile)``). The first ``span`` steps only
+    read; after them every step writes, ``span + 1`` steps a loop iteration so that
+    the kept columns keep their registers.
     """
-    dtype = _checks.compute_dtype(x_ref.dtype)
-    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
-    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
-    in_chans = _input_lanes(conv, launch)
-    (fh, fw), (sh, _), (dh, dw) = conv.kernel, conv.strides, conv.dilations
-    top, left = conv.pads[0][0], conv.pads[1][0]
-    out_h, out_w = conv.out_size
-    rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
-    rows_ok = rows < out_h
+    (fh, fw), dw = conv.kernel, conv.dilations[1]
     span = (fw - 1) * dw
-    taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
+    dtype = taps(0, 0).dtype
 
-    def step(s: Any, recent: list[list[Any]], stores: bool) -> list[list[Any]]:
-        """Step ``s``. ``recent[di][k]``: filter row ``di``'s input column
-        ``s - 1 - k - left`` (None before the first)."""
-        window = []  # window[di][k]: input column s - k - left
-        for di in range(fh):
-            x_rows = rows * sh - top + di * dh
-            column = _read_rows(x_ref, launch, n, x_rows, s - left, in_chans, dtype, rows_ok)
-            window.append([_on_output_lanes(column, conv), *recent[di]])
-        if stores:  # output column s - span reads input column s - span + dj * dw - left
-            total = jnp.zeros((launch.rows, launch.channels), dtype)
+    def step(t: Any, recent: list[list[Any]], writes: bool) -> list[list[Any]]:
+        """Step ``t``. ``recent[di][k]``: filter row ``di``'s column of step
+        ``t - 1 - k`` (None before the first)."""
+        window = [[read(di, first + t), *recent[di]] for di in range(fh)]
+        if writes:
+            total = jnp.zeros(shape, dtype)
             for di in range(fh):
                 for dj in range(fw):
-                    total = total + window[di][span - dj * dw] * taps(di * fw + dj, 0)[None, :]
-            _write_rows(y_ref, launch, n, rows, s - span, out_chans, total)
+                    total = total + window[di][kept(dj)] * taps(di * fw + dj, 0)[None, :]
+            write(t - span, total)
         return [columns[:span] for columns in window]
 
-    # The first steps read the columns the first output needs before its own;
-    # then every step stores a column, ``span + 1`` steps a loop iteration so that
-    # the kept columns keep their registers, and the steps left over.
     recent: list[list[Any]] = [[None] * span for _ in range(fh)]
-    for s in range(span):
-        recent = step(s, recent, stores=False)
+    for t in range(span):
+        recent = step(t, recent, writes=False)
     per_iteration = span + 1
-    iterations = out_w // per_iteration
+    iterations = outputs // per_iteration
 
     def iteration(i: Any, recent: list[list[Any]]) -> list[list[Any]]:
         for k in range(per_iteration):
-            recent = step(span + i * per_iteration + k, recent, stores=True)
+            recent = step(span + i * per_iteration + k, recent, writes=True)
         return recent
 
     if iterations:
         recent = lax.fori_loop(0, iterations, iteration, recent)
-    for s in range(span + iterations * per_iteration, span + out_w):
-        recent = step(s, recent, stores=True)
+    for t in range(span + iterations * per_iteration, span + outputs):
+        recent = step(t, recent, writes=True)
+
+
+def _walk_forward_kernel(
+    x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch
+) -> None:
+    """A program's output rows, walking their columns (``_walk_sums``): output
+    column ``w`` reads input column ``w + dj * dw - left`` through tap ``(di, dj)``,
+    at the rows ``i * sh - top + di * dh`` of the tile's rows ``i``."""
+    dtype = _checks.compute_dtype(x_ref.dtype)
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
+    out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    in_chans = _input_lanes(conv, launch)
+    (sh, _), (dh, dw), span = conv.strides, conv.dilations, (conv.kernel[1] - 1) * conv.dilations[1]
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
+    rows_ok = rows < conv.out_size[0]
+
+    def read(di: int, col: Any) -> jax.Array:
+        x_rows = rows * sh - top + di * dh
+        column = _read_rows(x_ref, launch, n, x_rows, col, in_chans, dtype, rows_ok)
+        return _on_output_lanes(column, conv)
+
+    def write(col: Any, tile: jax.Array) -> None:
+        _write_rows(y_ref, launch, n, rows, col, out_chans, tile)
+
+    taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
+    shape = (launch.rows, launch.channels)
+    # Output column w's taps read input columns w - left to w + span - left.
+    kept = lambda dj: span - dj * dw  # noqa: E731
+    _walk_sums(read, write, taps, conv, shape, outputs=conv.out_size[1], first=-left, kept=kept)
+
+
+def _walk_input_kernel(
+    f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch
+) -> None:
+    """A program's input-gradient rows, walking their columns (``_walk_sums``), at
+    strides of 1 and without a multiplier: input column ``u`` reads the output
+    gradient's column ``u + left - dj * dw`` through tap ``(di, dj)``, at the rows
+    ``r + top - di * dh`` of the tile's rows ``r``."""
+    dtype = _checks.compute_dtype(dy_ref.dtype)
+    n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
+    chans = _kernels.lanes(pl.program_id(1), launch.channels)
+    dh, dw = conv.dilations
+    span = (conv.kernel[1] - 1) * dw
+    top, left = conv.pads[0][0], conv.pads[1][0]
+    rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
+    rows_ok = rows < conv.in_size[0]
+
+    def read(di: int, col: Any) -> jax.Array:
+        dy_rows = rows + top - di * dh
+        return _read_rows(dy_ref, launch, n, dy_rows, col, chans, dtype, rows_ok)
+
+    def write(col: Any, tile: jax.Array) -> None:
+        _write_rows(dx_ref, launch, n, rows, col, chans, tile)
+
+    taps = _Taps(f_ref, launch, conv, [chans], dtype)
+    shape = (launch.rows, launch.channels)
+    # Input column u's taps read output-gradient columns u + left - span to u + left.
+    kept = lambda dj: dj * dw  # noqa: E731
+    _walk_sums(
+        read, write, taps, conv, shape, outputs=conv.in_size[1], first=left - span, kept=kept
+    )
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
@@ -833,7 +896,7 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.A
         return empty
     launch = _launch(conv, interpret, "forward")
     kernel, grid = _forward_kernel, _grid(conv, launch, "forward")
-    if _walks_columns(conv, launch):
+    if _walks_columns(conv, launch, "forward"):
         launch = _walk_launch(conv, launch, "forward")
         kernel, grid = _walk_forward_kernel, _walk_grid(conv, launch, "forward")
     fh, fw = conv.kernel
@@ -1086,11 +1149,15 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
     if empty is not None:
         return empty
     launch = _launch(conv, interpret, "input")
+    kernel, grid = _input_kernel, _grid(conv, launch, "input")
+    if _walks_columns(conv, launch, "input"):
+        launch = _walk_launch(conv, launch, "input")
+        kernel, grid = _walk_input_kernel, _walk_grid(conv, launch, "input")
     fh, fw = conv.kernel
     return launch.call(
-        functools.partial(_input_kernel, conv=conv),
+        functools.partial(kernel, conv=conv),
         _struct(conv.input_shape, dy.dtype),
-        _grid(conv, launch, "input"),
+        grid,
         f.reshape(fh * fw, conv.channels * conv.multiplier),
         dy,
     )
@@ -1337,7 +1404,7 @@ def filter_gradient(
         return empty
     launch = _launch(conv, interpret, "filter")
     kernel, grid = _partials_kernel, _grid(conv, launch, "filter")
-    if _walks_columns(conv, launch):
+    if _walks_columns(conv, launch, "filter"):
         launch = _walk_launch(conv, launch, "filter")
         kernel, grid = _walk_partials_kernel, _walk_grid(conv, launch, "filter")
     fh, fw = conv.kernel
