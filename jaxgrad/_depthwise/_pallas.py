@@ -97,14 +97,14 @@ class _Launch:
     # where otherwise each row's loads wait for the row before to finish. Whether
     # that pays for the registers the tiles take is measured per kernel (``_CUTS``).
     read_ahead: bool = False
-    # Whether an NHWC forward or filter gradient at column stride 1 walks each
-    # row's columns in order, a ``[rows, channels]`` tile a step, rather than cut
-    # the columns into tiles: a step reads one input column per filter row (and
-    # the filter gradient one output-gradient column), which the taps of later
-    # steps read again from registers, so that a multiply-add costs few loads and
-    # little address arithmetic (``_walk_forward_kernel``,
-    # ``_walk_partials_kernel``). The tile then takes its own shape
-    # (``_walk_launch``); whether it pays is measured per kernel (``_CUTS``).
+    # Whether an NHWC kernel at column stride 1 walks each row's columns in
+    # order, a ``[rows, channels]`` tile a step, rather than cut the columns into
+    # tiles: a step reads one column per filter row of the array its sums read
+    # (and the filter gradient one output-gradient column), which the taps of
+    # later steps read again from registers, so that a multiply-add costs few
+    # loads and little address arithmetic (``_walks_columns`` says where it
+    # applies). The tile then takes its own shape (``_walk_launch``); whether it
+    # pays is measured per kernel (``_CUTS``).
     walk_columns: bool = False
 
     def call(
@@ -716,6 +716,35 @@ def _write_rows(
     plgpu.store(ref.at[index], tile.astype(ref.dtype), mask=inside)
 
 
+_Carry = TypeVar("_Carry")
+
+
+def _walk(
+    step: Callable[[Any, _Carry, bool], _Carry], carry: _Carry, span: int, steps: int, looped: range
+) -> _Carry:
+    """``carry = step(t, carry, unrolled)`` for the steps ``t`` in ``range(steps)``:
+    those of ``looped`` in a loop of ``span + 1`` steps an iteration, so that the
+    ``span`` columns a step keeps for the next ones stay in their registers rather
+    than move each step; the others, and what the loop leaves over, unrolled
+    (``unrolled``: ``t`` is known, and a step can leave out what it would not
+    compute there)."""
+    per_iteration = span + 1
+    iterations = len(looped) // per_iteration
+    for t in range(looped.start):
+        carry = step(t, carry, True)
+
+    def iteration(i: Any, carry: _Carry) -> _Carry:
+        for k in range(per_iteration):
+            carry = step(looped.start + i * per_iteration + k, carry, False)
+        return carry
+
+    if iterations:
+        carry = lax.fori_loop(0, iterations, iteration, carry)
+    for t in range(looped.start + iterations * per_iteration, steps):
+        carry = step(t, carry, True)
+    return carry
+
+
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
@@ -778,33 +807,31 @@ def _walk_sums(
     write: Callable[[Any, jax.Array], None],
     taps: _Taps,
     conv: Conv,
-    shape: tuple[int, int],
+    zero: jax.Array,
     *,
     outputs: int,
     first: int,
     kept: Callable[[int], int],
 ) -> None:
-    """Walks a program's columns: the forward's and the input gradient's.
+    """Walks a program's columns (``_walk``): the forward's and the input
+    gradient's.
 
     Step ``t`` reads, for each filter row ``di``, the column ``first + t`` of the
-    array the sums read (``read(di, column)``, a tile of ``shape``), and keeps it
-    in registers for the steps after it. From step ``span`` on, output column
-    ``t - span`` has every column its taps read: tap ``(di, dj)`` reads the one
-    read ``kept(dj)`` steps before. It is summed tap by tap, in the tiled kernels'
-    order, and written (``write(column, tile)``). The first ``span`` steps only
-    read; after them every step writes, ``span + 1`` steps a loop iteration so that
-    the kept columns keep their registers.
+    array the sums read (``read(di, column)``, a tile of ``zero``'s shape), and
+    keeps it in registers for the steps after it. From step ``span`` on, output
+    column ``t - span`` has every column its taps read: tap ``(di, dj)`` reads the
+    one read ``kept(dj)`` steps before. It is summed tap by tap, in the tiled
+    kernels' order, and written (``write(column, tile)``).
     """
     (fh, fw), dw = conv.kernel, conv.dilations[1]
     span = (fw - 1) * dw
-    dtype = taps(0, 0).dtype
 
-    def step(t: Any, recent: list[list[Any]], writes: bool) -> list[list[Any]]:
+    def step(t: Any, recent: list[list[Any]], unrolled: bool) -> list[list[Any]]:
         """Step ``t``. ``recent[di][k]``: filter row ``di``'s column of step
         ``t - 1 - k`` (None before the first)."""
         window = [[read(di, first + t), *recent[di]] for di in range(fh)]
-        if writes:
-            total = jnp.zeros(shape, dtype)
+        if not unrolled or t >= span:  # the first steps only read
+            total = zero
             for di in range(fh):
                 for dj in range(fw):
                     total = total + window[di][kept(dj)] * taps(di * fw + dj, 0)[None, :]
@@ -812,20 +839,7 @@ def _walk_sums(
         return [columns[:span] for columns in window]
 
     recent: list[list[Any]] = [[None] * span for _ in range(fh)]
-    for t in range(span):
-        recent = step(t, recent, writes=False)
-    per_iteration = span + 1
-    iterations = outputs // per_iteration
-
-    def iteration(i: Any, recent: list[list[Any]]) -> list[list[Any]]:
-        for k in range(per_iteration):
-            recent = step(span + i * per_iteration + k, recent, writes=True)
-        return recent
-
-    if iterations:
-        recent = lax.fori_loop(0, iterations, iteration, recent)
-    for t in range(span + iterations * per_iteration, span + outputs):
-        recent = step(t, recent, writes=True)
+    _walk(step, recent, span, span + outputs, range(span, span + outputs))
 
 
 def _walk_forward_kernel(
@@ -838,7 +852,8 @@ def _walk_forward_kernel(
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
-    (sh, _), (dh, dw), span = conv.strides, conv.dilations, (conv.kernel[1] - 1) * conv.dilations[1]
+    sh, (dh, dw) = conv.strides[0], conv.dilations
+    span = (conv.kernel[1] - 1) * dw
     top, left = conv.pads[0][0], conv.pads[1][0]
     rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
     rows_ok = rows < conv.out_size[0]
@@ -852,10 +867,10 @@ def _walk_forward_kernel(
         _write_rows(y_ref, launch, n, rows, col, out_chans, tile)
 
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
-    shape = (launch.rows, launch.channels)
+    zero = jnp.zeros((launch.rows, launch.channels), dtype)
     # Output column w's taps read input columns w - left to w + span - left.
     kept = lambda dj: span - dj * dw  # noqa: E731
-    _walk_sums(read, write, taps, conv, shape, outputs=conv.out_size[1], first=-left, kept=kept)
+    _walk_sums(read, write, taps, conv, zero, outputs=conv.out_size[1], first=-left, kept=kept)
 
 
 def _walk_input_kernel(
@@ -882,12 +897,10 @@ def _walk_input_kernel(
         _write_rows(dx_ref, launch, n, rows, col, chans, tile)
 
     taps = _Taps(f_ref, launch, conv, [chans], dtype)
-    shape = (launch.rows, launch.channels)
+    zero = jnp.zeros((launch.rows, launch.channels), dtype)
     # Input column u's taps read output-gradient columns u + left - span to u + left.
     kept = lambda dj: dj * dw  # noqa: E731
-    _walk_sums(
-        read, write, taps, conv, shape, outputs=conv.in_size[1], first=left - span, kept=kept
-    )
+    _walk_sums(read, write, taps, conv, zero, outputs=conv.in_size[1], first=left - span, kept=kept)
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
@@ -1299,50 +1312,32 @@ def _walk_partials_kernel(
     rows_ok = rows < out_h  # past the last output row, the input reads as zero too
     span = (fw - 1) * dw
 
-    def step(
-        s: Any, sums: list[jax.Array], recent: list[Any], unrolled: bool
-    ) -> tuple[list[jax.Array], list[Any]]:
-        """Step ``s``. ``recent[k]``: the output gradient's column ``s - 1 - k``
-        (None where a walk's first step would read one before the output). An
-        ``unrolled`` step has ``s`` known, and leaves out the products whose
-        column lies outside the output; the steps in a loop have none such."""
+    Sums = tuple[list[jax.Array], list[Any]]
+
+    def step(s: Any, carry: Sums, unrolled: bool) -> Sums:
+        """Step ``s``. ``carry``: the taps' sums, and ``recent[k]``, the output
+        gradient's column ``s - 1 - k`` (None where the walk's first steps would
+        read one before the output). An ``unrolled`` step leaves out the products
+        whose output column lies outside the output; a looped step has none."""
+        sums, recent = list(carry[0]), carry[1]
         newest = None
         if not unrolled or s < out_w:
             newest = _read_rows(dy_ref, launch, n, rows, s, out_chans, dtype, rows_ok)
         window = [newest, *recent]  # window[k]: column s - k
-        sums = list(sums)
-        for di in range(fh):
-            taps = [dj for dj in range(fw) if not unrolled or 0 <= s - dj * dw < out_w]
-            if not taps:
-                continue
+        inside = [dj for dj in range(fw) if not unrolled or 0 <= s - dj * dw < out_w]
+        for di in range(fh if inside else 0):
             x_rows = rows * sh - top + di * dh
             column = _read_rows(x_ref, launch, n, x_rows, s - left, in_chans, dtype, rows_ok)
             column = _on_output_lanes(column, conv)
-            for dj in taps:
+            for dj in inside:
                 sums[di * fw + dj] = sums[di * fw + dj] + column * window[dj * dw]
         return sums, window[:span]
 
-    sums = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
-    recent: list[Any] = [None] * span
-    # The first steps, until the window holds a column for every tap; then the
-    # loop, ``span + 1`` steps an iteration so that the window's columns keep
-    # their registers; then what is left, and the last steps.
-    middle = range(span, max(span, out_w))
-    per_iteration = span + 1
-    iterations = len(middle) // per_iteration
-    for s in range(min(span, out_w + span)):
-        sums, recent = step(s, sums, recent, unrolled=True)
-
-    def iteration(i: Any, carry: tuple[list[jax.Array], list[Any]]) -> Any:
-        sums, recent = carry
-        for k in range(per_iteration):
-            sums, recent = step(span + i * per_iteration + k, sums, recent, unrolled=False)
-        return sums, recent
-
-    if iterations:
-        sums, recent = lax.fori_loop(0, iterations, iteration, (sums, recent))
-    for s in range(span + iterations * per_iteration, out_w + span):
-        sums, recent = step(s, sums, recent, unrolled=True)
+    zeros = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
+    # Every step from the span-th on reads a column that each tap pairs with,
+    # until the output's last.
+    looped = range(span, max(span, out_w))
+    sums, _ = _walk(step, (zeros, [None] * span), span, out_w + span, looped)
     _store_partials(part_ref, launch, pl.program_id(0), range(fh * fw), out_chans, tuple(sums))
 
 
