@@ -22,11 +22,10 @@ sums at once), then whether an NCHW kernel reads a run of columns that starts
 off a vector's alignment from the aligned vectors under it and moves the columns
 into place in registers (``aligned_reads``: fewer loads), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
-flight during the arithmetic, more registers), then whether an NHWC forward or
-filter gradient at column stride 1 walks its rows' columns in order
-(``walk_columns``: a tile of rows by channels a step, which takes its own shape,
-so the tile and warps of the search then apply to the other kernels only); for
-the resample kernel, whether
+flight during the arithmetic, more registers), then whether an NHWC kernel at
+column stride 1 walks its rows' columns in order (``walk_columns``: a tile of
+rows by channels a step, which takes its own shape, so the tile and warps of the
+search then apply to the other kernels only); for the resample kernel, whether
 it reads a last axis that repeats every two output columns or every output two
 input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
 instead of a gather per tap (``paired``; elsewhere the same program), then
@@ -89,18 +88,17 @@ from jaxgrad._resample import _pallas as resample_kernels
 FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # The launch's parameters, searched in this order: the filter taps the depthwise
 # kernels hold in registers (a filter of more taps loads them where it uses them, or
-# sums them in groups of programs); whether they keep the input rows that
-# consecutive rows share in registers (fewer loads, more registers); whether they
-# read strided NCHW columns in pairs (wider loads, twice the columns), or write
-# them in pairs (wider stores, both phases' sums at once); whether they read
-# unaligned runs of NCHW columns from aligned vectors (fewer loads); whether they
-# read a row ahead (loads in flight during the arithmetic, more registers); whether
-# the NHWC forward and filter gradient walk their rows' columns (a long loop,
-# few loads a multiply-add); whether the resample kernel reads a last axis that repeats
-# every two columns in pairs (contiguous runs in place of gathers), and whether
-# its programs hold their rows as one tile (loads of all rows in flight at once);
-# the tile and the warps together (their ratio is the elements each thread holds, hence its
-# registers); then the rows.
+# sums them in groups of programs); whether they keep the input rows that consecutive
+# rows share in registers (fewer loads, more registers); whether they read strided
+# NCHW columns in pairs (wider loads, twice the columns), or write them in pairs
+# (wider stores, both phases' sums at once); whether they read unaligned runs of NCHW
+# columns from aligned vectors (fewer loads); whether they read a row ahead (loads in
+# flight during the arithmetic, more registers); whether the NHWC kernels walk their
+# rows' columns (a long loop, few loads a multiply-add); whether the resample kernel
+# reads a last axis that repeats every two columns in pairs (contiguous runs in place
+# of gathers), and whether its programs hold their rows as one tile (loads of all rows
+# in flight at once); the tile and the warps together (their ratio is the elements
+# each thread holds, hence its registers); then the rows.
 GROUPS = (
     "taps",
     "rows kept",
