@@ -574,21 +574,19 @@ def test_unaligned_columns_read_from_aligned_vectors(
 @pytest.mark.parametrize(
     ("x_shape", "kernel", "strides", "dilations", "padding", "m", "dtype", "many_rows"),
     [
-        # The input gradient's walk, with a padding on the left and a dilated
-        # filter row: its first steps read columns left of the output gradient.
+        # All three walks, with a padding on the left and a dilated filter row
+        # (the input gradient's first steps read columns left of the output
+        # gradient); every output column in the loop but for the first and last
+        # steps, unrolled, which the filter gradient's leave out past the output.
         ((2, 9, 13, 3), (2, 3), (1, 1), (2, 2), "EXPLICIT", 1, jnp.bfloat16, True),
-        # Every output column of a row in the walk's loop, but for its first and
-        # last two steps, unrolled, which leave out the taps past the output.
-        ((2, 9, 13, 3), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float32, True),
         # Row stride 2 and column dilation 2 (a window of five columns), input
         # channels repeated for a multiplier of 2, bfloat16; a program of one row.
         ((2, 9, 13, 3), (3, 3), (2, 1), (1, 2), "VALID", 2, jnp.bfloat16, False),
         # An explicit padding, a 2x4 filter dilated along its rows, a multiplier
         # that is not a power of two.
         ((2, 9, 13, 3), (2, 4), (1, 1), (2, 1), "EXPLICIT", 3, jnp.float32, True),
-        # Outputs fewer than the columns between a filter row's taps: every step
-        # unrolled, no loop.
-        ((2, 5, 3, 4), (3, 3), (1, 1), (1, 1), "VALID", 1, jnp.float32, True),
+        # Outputs no more than the columns between a filter row's taps: every
+        # step unrolled, no loop.
         ((2, 5, 2, 4), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float16, True),
         # Column dilation 3 (a window of seven columns) over a wider row.
         ((2, 6, 21, 4), (3, 3), (1, 1), (1, 3), "SAME", 1, jnp.float32, True),
@@ -606,13 +604,14 @@ def test_kernels_walking_the_columns(
     # compared with float64's: to float32's rounding, or the dtype's, with
     # infinities and NaNs exactly where float64 has them (an infinite input in
     # the first and the last column, which the walk's first and last steps read
-    # beside output columns that do not exist, and one output gradient).
+    # beside output columns that do not exist, and in the last row, which rows
+    # past the output read; and one output gradient).
     if many_rows:
         monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
     cfg = make_cfg(x_shape, (*kernel, x_shape[3], m), strides, dilations, padding, explicit)
     (x, f, dy), (x64, f64, dy64) = operands(cfg, "NHWC", dtype, seed=sum(kernel))
-    for row, col in [(1, 0), (x_shape[1] - 2, x_shape[2] - 1)]:
+    for row, col in [(1, 0), (x_shape[1] - 1, x_shape[2] - 1)]:
         x64[1, row, col, 1] = np.inf
         x = x.at[1, row, col, 1].set(jnp.inf)
     # The input gradient walks at strides of 1 and without a multiplier.
