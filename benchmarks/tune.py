@@ -24,8 +24,9 @@ into place in registers (``aligned_reads``: fewer loads), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
 flight during the arithmetic, more registers), then whether an NHWC kernel at
 column stride 1 walks its rows' columns in order (``walk_columns``: a tile of
-rows by channels a step, which takes its own shape, so the tile and warps of the
-search then apply to the other kernels only); for the resample kernel, whether
+rows by channels a step, on one or two warps a program, which takes its own
+shape, so the tile and warps of the search then apply to the other kernels
+only); for the resample kernel, whether
 it reads a last axis that repeats every two output columns or every output two
 input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
 instead of a gather per tap (``paired``; elsewhere the same program), then
@@ -148,6 +149,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "aligned_reads",
         "read_ahead",
         "walk_columns",
+        "walk_warps",
         "paired",
         "rows_together",
     )
@@ -174,8 +176,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     elif group == "read ahead":
         options = [{"read_ahead": a} for a in (False, True)] if "read_ahead" in best else [{}]
     elif group == "walk columns":
-        walk = "walk_columns" in best
-        options = [{"walk_columns": w} for w in (False, True)] if walk else [{}]
+        # Not walking, or walking on one or two warps a program.
+        walks = [{"walk_columns": True, "walk_warps": w} for w in (1, 2)]
+        options = [{"walk_columns": False}, *walks] if "walk_columns" in best else [{}]
     elif group == "column pairs":
         options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
     elif group == "rows together":
@@ -205,7 +208,8 @@ def label(fields: dict[str, int]) -> str:
     kept += ", strided columns written in pairs" if fields.get("wide_strided_writes") else ""
     kept += ", unaligned columns read aligned" if fields.get("aligned_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
-    kept += ", columns walked" if fields.get("walk_columns") else ""
+    walk = f", columns walked on {fields.get('walk_warps')} warps"
+    kept += walk if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""

@@ -580,7 +580,8 @@ def test_unaligned_columns_read_from_aligned_vectors(
         # steps, unrolled, which the filter gradient's leave out past the output.
         ((2, 9, 13, 3), (2, 3), (1, 1), (2, 2), "EXPLICIT", 1, jnp.bfloat16, True),
         # Row stride 2 and column dilation 2 (a window of five columns), input
-        # channels repeated for a multiplier of 2, bfloat16; a program of one row.
+        # channels repeated for a multiplier of 2, bfloat16; programs of one row
+        # and one warp.
         ((2, 9, 13, 3), (3, 3), (2, 1), (1, 2), "VALID", 2, jnp.bfloat16, False),
         # An explicit padding, a 2x4 filter dilated along its rows, a multiplier
         # that is not a power of two.
@@ -630,7 +631,8 @@ def test_kernels_walking_the_columns(
     chosen, given = _pallas._launch, []
 
     def launch(*args):
-        given.append(dataclasses.replace(chosen(*args), walk_columns=True))
+        walk = dict(walk_columns=True, walk_warps=2 if many_rows else 1)
+        given.append(dataclasses.replace(chosen(*args), **walk))
         return given[-1]
 
     monkeypatch.setattr(_pallas, "_launch", launch)

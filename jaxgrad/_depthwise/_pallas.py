@@ -106,6 +106,10 @@ class _Launch:
     # applies). The tile then takes its own shape (``_walk_launch``); whether it
     # pays is measured per kernel (``_CUTS``).
     walk_columns: bool = False
+    # The warps of a walk's program: its rows are as many as give each thread a
+    # run of 8 channels of a row, so fewer warps make more, shorter programs,
+    # which may fill the GPU's last wave of programs better.
+    walk_warps: int = 2
 
     def call(
         self,
@@ -139,8 +143,8 @@ class _Cut:
     strided columns in pairs (``_Launch.wide_strided_reads``,
     ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
     from aligned vectors (``_Launch.aligned_reads``), whether it reads a row
-    ahead (``_Launch.read_ahead``), and whether it walks the columns
-    (``_Launch.walk_columns``)."""
+    ahead (``_Launch.read_ahead``), and whether it walks the columns, on how
+    many warps (``_Launch.walk_columns``, ``_Launch.walk_warps``)."""
 
     tile: int
     most_channels: int
@@ -152,6 +156,7 @@ class _Cut:
     aligned_reads: bool = False
     read_ahead: bool = False
     walk_columns: bool = False
+    walk_warps: int = 2
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -230,6 +235,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         aligned_reads=cut.aligned_reads,
         read_ahead=cut.read_ahead,
         walk_columns=cut.walk_columns,
+        walk_warps=cut.walk_warps,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
@@ -617,9 +623,9 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 
 # A column walk's tile (``_Launch.walk_columns``): 32 channels at most, across
 # four threads of 8 (16 bytes of bfloat16 each), and rows enough for the other
-# threads of its warps, so that every thread holds a run of 8 channels of a row.
+# threads of its warps (``_Launch.walk_warps``), so that every thread holds a
+# run of 8 channels of a row.
 _WALK_CHANNELS = 32
-_WALK_WARPS = 2
 _WALK_ELEMENTS = 8
 # Warps a walk's grid should have at least, where fewer rows a program can make
 # them: about eight a multiprocessor of an H100. A walk's program is long, one
@@ -657,14 +663,14 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
     (tile_rows, _), lanes = _tiled(conv, kernel)
     chans = min(pl.next_power_of_2(lanes), _WALK_CHANNELS)
-    rows = 32 * _WALK_WARPS * _WALK_ELEMENTS // chans
-    rows = min(pl.next_power_of_2(tile_rows), rows)
-    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=_WALK_WARPS)
+    warps = launch.walk_warps
+    rows = min(pl.next_power_of_2(tile_rows), 32 * warps * _WALK_ELEMENTS // chans)
+    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=warps)
 
-    def warps(walk: _Launch) -> int:
+    def grid_warps(walk: _Launch) -> int:
         return math.prod(_walk_grid(conv, walk, kernel)) * walk.warps
 
-    while walk.rows > 1 and warps(walk) < _MIN_WALK_WARPS:
+    while walk.rows > 1 and grid_warps(walk) < _MIN_WALK_WARPS:
         walk = dataclasses.replace(walk, rows=walk.rows // 2)
     return walk
 
