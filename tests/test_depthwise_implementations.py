@@ -572,29 +572,31 @@ def test_unaligned_columns_read_from_aligned_vectors(
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("x_shape", "kernel", "strides", "dilations", "padding", "m", "dtype", "many_rows"),
+    ("x_shape", "kernel", "strides", "dilations", "padding", "m", "dtype", "segments"),
     [
         # All three walks, with a padding on the left and a dilated filter row
         # (the input gradient's first steps read columns left of the output
-        # gradient); every output column in the loop but for the first and last
-        # steps, unrolled, which the filter gradient's leave out past the output.
-        ((2, 9, 13, 3), (2, 3), (1, 1), (2, 2), "EXPLICIT", 1, jnp.bfloat16, True),
+        # gradient), each program a segment of a row: the forward's and the
+        # filter gradient's three columns of nine, fewer than the four between a
+        # filter row's first and last tap; the input gradient's five of ten.
+        # Programs of one row and one warp.
+        ((2, 9, 10, 8), (2, 3), (1, 1), (2, 2), "EXPLICIT", 1, jnp.bfloat16, True),
         # Row stride 2 and column dilation 2 (a window of five columns), input
-        # channels repeated for a multiplier of 2, bfloat16; programs of one row
-        # and one warp.
-        ((2, 9, 13, 3), (3, 3), (2, 1), (1, 2), "VALID", 2, jnp.bfloat16, False),
+        # channels repeated for a multiplier of 2, bfloat16; whole rows, every
+        # output column in the loop but for the first and last steps, unrolled,
+        # which the filter gradient's leave out past the output.
+        ((2, 9, 13, 4), (3, 3), (2, 1), (1, 2), "VALID", 2, jnp.bfloat16, False),
         # An explicit padding, a 2x4 filter dilated along its rows, a multiplier
-        # that is not a power of two.
-        ((2, 9, 13, 3), (2, 4), (1, 1), (2, 1), "EXPLICIT", 3, jnp.float32, True),
+        # that is not a power of two; segments of as many columns as lie
+        # between a filter row's first and last tap.
+        ((2, 9, 12, 3), (2, 4), (1, 1), (2, 1), "EXPLICIT", 3, jnp.float32, True),
         # Outputs no more than the columns between a filter row's taps: every
         # step unrolled, no loop.
-        ((2, 5, 2, 4), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float16, True),
-        # Column dilation 3 (a window of seven columns) over a wider row.
-        ((2, 6, 21, 4), (3, 3), (1, 1), (1, 3), "SAME", 1, jnp.float32, True),
+        ((2, 5, 2, 8), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float16, False),
     ],
 )
 def test_kernels_walking_the_columns(
-    x_shape, kernel, strides, dilations, padding, m, dtype, many_rows, monkeypatch
+    x_shape, kernel, strides, dilations, padding, m, dtype, segments, monkeypatch
 ):
     # An NHWC kernel at column stride 1 may walk its rows' columns in order
     # (``_Launch.walk_columns``), each step a tile of rows by channels, the
@@ -606,8 +608,12 @@ def test_kernels_walking_the_columns(
     # infinities and NaNs exactly where float64 has them (an infinite input in
     # the first and the last column, which the walk's first and last steps read
     # beside output columns that do not exist, and in the last row, which rows
-    # past the output read; and one output gradient).
-    if many_rows:
+    # past the output read; and one output gradient). These grids are too small
+    # for a GPU: a walk then cuts each row into as many segments as it can and
+    # gives a program fewer rows, or, with no warps asked for, walks whole rows.
+    if segments:
+        monkeypatch.setattr(_pallas, "_MIN_WALK_COLUMNS", 3)
+    else:
         monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
     cfg = make_cfg(x_shape, (*kernel, x_shape[3], m), strides, dilations, padding, explicit)
@@ -631,7 +637,7 @@ def test_kernels_walking_the_columns(
     chosen, given = _pallas._launch, []
 
     def launch(*args):
-        walk = dict(walk_columns=True, walk_warps=2 if many_rows else 1)
+        walk = dict(walk_columns=True, walk_warps=1 if segments else 2)
         given.append(dataclasses.replace(chosen(*args), **walk))
         return given[-1]
 
@@ -644,8 +650,10 @@ def test_kernels_walking_the_columns(
     assert (input_walked.call_count > 0) == input_walks
     conv = configured(cfg, "NHWC")
     walked = ("forward", "filter", "input") if input_walks else ("forward", "filter")
-    rows = {_pallas._walk_launch(conv, g, k).rows for g in given for k in walked}
-    assert (rows != {1}) == many_rows
+    walks = {(k, _pallas._walk_launch(conv, g, k)) for g in given for k in walked}
+    for k, walk in walks:
+        width = _pallas._tiled(conv, k)[0][1]
+        assert (walk.cols < width, walk.rows == 1) == (segments, segments), k
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, in float64 too
         wants = references(cfg, x64, f64, dy64)
     tolerance = 1e-6 if dtype == jnp.float32 else 1e-2  # half types round their results
@@ -658,11 +666,12 @@ def test_kernels_walking_the_columns(
 
 def test_which_kernels_walk_the_columns():
     # A walk reads one column a step along the channels, the minor axis in NHWC
-    # only, and pairs each column with the columns at fixed distances from it,
-    # which a column stride other than 1 breaks; its taps are all held at once,
-    # and so are the columns between a filter row's first and last tap. The
-    # input gradient's rows read the output gradient's at fixed offsets only at
-    # row stride 1, and its lanes are the output's only without a multiplier.
+    # only, a run of 8 a thread (fewer would leave its loads narrow), and pairs
+    # each column with the columns at fixed distances from it, which a column
+    # stride other than 1 breaks; its taps are all held at once, and so are the
+    # columns between a filter row's first and last tap. The input gradient's
+    # rows read the output gradient's at fixed offsets only at row stride 1, and
+    # its lanes are the output's only without a multiplier.
     def walks(kernel, x_shape, f_shape, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
         cfg = make_cfg(x_shape, f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)
@@ -671,15 +680,52 @@ def test_which_kernels_walk_the_columns():
         launch = dataclasses.replace(launch, walk_columns=True)
         return _pallas._walks_columns(conv, launch, kernel)
 
-    x, f = (2, 9, 40, 3), (3, 3, 3, 1)
+    x, f = (2, 9, 40, 8), (3, 3, 8, 1)
     for kernel in ("forward", "input", "filter"):
         assert walks(kernel, x, f)
         assert not walks(kernel, x, f, data_format="NCHW")
         assert not walks(kernel, x, f, strides=(1, 2))
-        assert not walks(kernel, x, (5, 5, 3, 1))  # 25 taps, more than a walk holds
+        assert not walks(kernel, x, (5, 5, 8, 1))  # 25 taps, more than a walk holds
         assert not walks(kernel, x, f, dilations=(1, 5))  # ten columns apart
         assert walks(kernel, x, f, strides=(2, 1)) == (kernel != "input")
-        assert walks(kernel, x, (3, 3, 3, 2)) == (kernel != "input")
+        assert walks(kernel, x, (3, 3, 8, 2)) == (kernel != "input")
+        assert not walks(kernel, (2, 9, 40, 4), (3, 3, 4, 1))  # four channels
+        # Eight output channels from four: the input gradient's lanes are the four.
+        assert walks(kernel, (2, 9, 40, 4), (3, 3, 4, 2)) == (kernel != "input")
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "warps", "cols", "rows"),
+    [
+        # Whole rows of 16 rows by 32 channels make 672 programs of 2 warps.
+        ((32, 112, 112, 96), 2, 112, 16),
+        ((32, 112, 112, 96), 1, 112, 8),
+        # The example U-Net's layers: 128 programs of whole rows, 32 by 16
+        # channels, make 256 warps; four segments of 16 columns, 1024.
+        ((64, 64, 64, 16), 2, 16, 32),
+        ((64, 128, 128, 48), 2, 128, 16),
+        ((64, 64, 64, 32), 1, 32, 8),
+        # 61 columns cannot be cut into equal segments: fewer rows instead.
+        ((32, 64, 61, 32), 2, 61, 4),
+    ],
+)
+def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, warps, cols, rows):
+    # A walk's program holds a tile of rows by channels that gives each thread a
+    # run of 8 channels, and walks a whole row where the grid then has warps
+    # enough to keep the GPU busy; where it does not, the row is cut into equal
+    # segments, a program each, of 16 columns at least; only where those are
+    # still too few do the programs take fewer rows.
+    cfg = make_cfg(x_shape, (3, 3, x_shape[3], 1), (1, 1), (1, 1), "SAME")
+    conv = configured(cfg, "NHWC")
+    for kernel in ("forward", "input", "filter"):
+        launch = dataclasses.replace(
+            _pallas._launch(conv, False, kernel), walk_columns=True, walk_warps=warps
+        )
+        walk = _pallas._walk_launch(conv, launch, kernel)
+        assert (walk.cols, walk.rows, walk.warps) == (cols, rows, warps), kernel
+        grid = _pallas._walk_grid(conv, walk, kernel)
+        assert grid[2] * walk.cols == x_shape[2], kernel
+        assert math.prod(grid) * warps >= _pallas._MIN_WALK_WARPS, kernel
 
 
 @needs_kernels

@@ -54,7 +54,9 @@ from jaxgrad._kernels import pl, plgpu
 class _Launch:
     """How a kernel cuts its work, and whether it runs interpreted."""
 
-    cols: int  # columns per tile: a power of two, as Triton's blocks must be
+    # Columns per tile: a power of two, as Triton's blocks must be. A walk's tile is
+    # one column; there, the columns one program walks, any number.
+    cols: int
     channels: int  # channels per tile: a power of two
     rows: int  # rows per program
     interpret: bool
@@ -627,11 +629,15 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 # run of 8 channels of a row.
 _WALK_CHANNELS = 32
 _WALK_ELEMENTS = 8
-# Warps a walk's grid should have at least, where fewer rows a program can make
+# Warps a walk's grid should have at least, where more, shorter walks can make
 # them: about eight a multiprocessor of an H100. A walk's program is long, one
 # step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
-# busy, and fewer rows a program leave its threads fewer channels to load at once.
+# busy.
 _MIN_WALK_WARPS = 1024
+# The fewest output columns a program walks where the row's columns are cut into
+# segments, a program each: a segment first reads the ``span`` columns before its
+# own, which its neighbour reads too.
+_MIN_WALK_COLUMNS = 16
 # The most taps a walk holds: one tile of sums or of taps each.
 _MOST_WALK_TAPS = 16
 # The most output columns between the first and the last tap of a filter row
@@ -642,16 +648,18 @@ _MOST_WALK_SPAN = 8
 
 def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     """Whether ``kernel`` launched with ``launch`` walks the columns
-    (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, at
-    column stride 1, for a filter whose taps one program holds, with few columns
-    between a filter row's first and last tap. The input gradient walks at row
-    stride 1 and without a depth multiplier only: its rows then read the output
-    gradient's rows at fixed offsets, and its lanes are the output's."""
+    (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, with
+    channels enough for a thread's run of them, at column stride 1, for a filter
+    whose taps one program holds, with few columns between a filter row's first
+    and last tap. The input gradient walks at row stride 1 and without a depth
+    multiplier only: its rows then read the output gradient's rows at fixed
+    offsets, and its lanes are the output's."""
     fh, fw = conv.kernel
     input_walks = conv.strides[0] == 1 and conv.multiplier == 1
     return (
         launch.walk_columns
         and not conv.nchw
+        and _tiled(conv, kernel)[1] >= _WALK_ELEMENTS
         and conv.strides[1] == 1
         and fh * fw <= min(launch.taps, _MOST_WALK_TAPS)
         and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
@@ -660,25 +668,38 @@ def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
 
 
 def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
-    """``launch`` with a column walk's tile: ``rows`` output rows by ``channels``."""
-    (tile_rows, _), lanes = _tiled(conv, kernel)
+    """``launch`` with a column walk's tile, ``rows`` output rows by ``channels``,
+    and the ``cols`` output columns one program walks: the whole row where that
+    makes warps enough (``_MIN_WALK_WARPS``), else equal segments of it, the
+    longest that do, of ``_MIN_WALK_COLUMNS`` at least; then, if the warps are
+    still too few, fewer rows, though some threads then hold no channels of
+    their own."""
+    (tile_rows, width), lanes = _tiled(conv, kernel)
     chans = min(pl.next_power_of_2(lanes), _WALK_CHANNELS)
     warps = launch.walk_warps
     rows = min(pl.next_power_of_2(tile_rows), 32 * warps * _WALK_ELEMENTS // chans)
-    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=1, warps=warps)
+    walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=width, warps=warps)
 
     def grid_warps(walk: _Launch) -> int:
         return math.prod(_walk_grid(conv, walk, kernel)) * walk.warps
 
+    shortest = min(width, _MIN_WALK_COLUMNS)
+    segments = [c for c in range(width, shortest - 1, -1) if width % c == 0]
+    for cols in segments:
+        walk = dataclasses.replace(walk, cols=cols)
+        if grid_warps(walk) >= _MIN_WALK_WARPS:
+            break
     while walk.rows > 1 and grid_warps(walk) < _MIN_WALK_WARPS:
         walk = dataclasses.replace(walk, rows=walk.rows // 2)
     return walk
 
 
 def _walk_grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
-    """A walk's programs: images x row blocks, and channel blocks."""
-    _, lanes = _tiled(conv, kernel)
-    return (_row_programs(conv, launch, kernel), pl.cdiv(lanes, launch.channels), 1)
+    """A walk's programs: images x row blocks, channel blocks, and segments of
+    the row's columns."""
+    (_, width), lanes = _tiled(conv, kernel)
+    channel_blocks = pl.cdiv(lanes, launch.channels)
+    return (_row_programs(conv, launch, kernel), channel_blocks, width // launch.cols)
 
 
 def _read_rows(
@@ -816,18 +837,19 @@ def _walk_sums(
     zero: jax.Array,
     *,
     outputs: int,
-    first: int,
+    first: Any,
     kept: Callable[[int], int],
 ) -> None:
-    """Walks a program's columns (``_walk``): the forward's and the input
-    gradient's.
+    """Walks a program's ``outputs`` columns (``_walk``): the forward's and the
+    input gradient's.
 
     Step ``t`` reads, for each filter row ``di``, the column ``first + t`` of the
     array the sums read (``read(di, column)``, a tile of ``zero``'s shape), and
-    keeps it in registers for the steps after it. From step ``span`` on, output
-    column ``t - span`` has every column its taps read: tap ``(di, dj)`` reads the
-    one read ``kept(dj)`` steps before. It is summed tap by tap, in the tiled
-    kernels' order, and written (``write(column, tile)``).
+    keeps it in registers for the steps after it. From step ``span`` on, the
+    program's output column ``t - span`` (counted from its first) has every
+    column its taps read: tap ``(di, dj)`` reads the one read ``kept(dj)`` steps
+    before. It is summed tap by tap, in the tiled kernels' order, and written
+    (``write(column, tile)``).
     """
     (fh, fw), dw = conv.kernel, conv.dilations[1]
     span = (fw - 1) * dw
@@ -851,11 +873,13 @@ def _walk_sums(
 def _walk_forward_kernel(
     x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
-    """A program's output rows, walking their columns (``_walk_sums``): output
-    column ``w`` reads input column ``w + dj * dw - left`` through tap ``(di, dj)``,
-    at the rows ``i * sh - top + di * dh`` of the tile's rows ``i``."""
+    """A program's output rows, walking their columns or a segment of them
+    (``_walk_sums``): output column ``w`` reads input column ``w + dj * dw - left``
+    through tap ``(di, dj)``, at the rows ``i * sh - top + di * dh`` of the tile's
+    rows ``i``."""
     dtype = _checks.compute_dtype(x_ref.dtype)
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
+    start = pl.program_id(2) * launch.cols  # the program's first output column
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
     sh, (dh, dw) = conv.strides[0], conv.dilations
@@ -870,24 +894,26 @@ def _walk_forward_kernel(
         return _on_output_lanes(column, conv)
 
     def write(col: Any, tile: jax.Array) -> None:
-        _write_rows(y_ref, launch, n, rows, col, out_chans, tile)
+        _write_rows(y_ref, launch, n, rows, start + col, out_chans, tile)
 
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
     zero = jnp.zeros((launch.rows, launch.channels), dtype)
     # Output column w's taps read input columns w - left to w + span - left.
     kept = lambda dj: span - dj * dw  # noqa: E731
-    _walk_sums(read, write, taps, conv, zero, outputs=conv.out_size[1], first=-left, kept=kept)
+    first = start - left
+    _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, kept=kept)
 
 
 def _walk_input_kernel(
     f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
-    """A program's input-gradient rows, walking their columns (``_walk_sums``), at
-    strides of 1 and without a multiplier: input column ``u`` reads the output
-    gradient's column ``u + left - dj * dw`` through tap ``(di, dj)``, at the rows
-    ``r + top - di * dh`` of the tile's rows ``r``."""
+    """A program's input-gradient rows, walking their columns or a segment of
+    them (``_walk_sums``), at strides of 1 and without a multiplier: input column
+    ``u`` reads the output gradient's column ``u + left - dj * dw`` through tap
+    ``(di, dj)``, at the rows ``r + top - di * dh`` of the tile's rows ``r``."""
     dtype = _checks.compute_dtype(dy_ref.dtype)
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "input")
+    start = pl.program_id(2) * launch.cols  # the program's first input column
     chans = _kernels.lanes(pl.program_id(1), launch.channels)
     dh, dw = conv.dilations
     span = (conv.kernel[1] - 1) * dw
@@ -900,13 +926,14 @@ def _walk_input_kernel(
         return _read_rows(dy_ref, launch, n, dy_rows, col, chans, dtype, rows_ok)
 
     def write(col: Any, tile: jax.Array) -> None:
-        _write_rows(dx_ref, launch, n, rows, col, chans, tile)
+        _write_rows(dx_ref, launch, n, rows, start + col, chans, tile)
 
     taps = _Taps(f_ref, launch, conv, [chans], dtype)
     zero = jnp.zeros((launch.rows, launch.channels), dtype)
     # Input column u's taps read output-gradient columns u + left - span to u + left.
     kept = lambda dj: dj * dw  # noqa: E731
-    _walk_sums(read, write, taps, conv, zero, outputs=conv.in_size[1], first=left - span, kept=kept)
+    first = start + left - span
+    _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, kept=kept)
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
@@ -1295,45 +1322,51 @@ def _store_partials(
 def _walk_partials_kernel(
     x_ref: Any, dy_ref: Any, part_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
-    """A program's partials of the filter gradient, walking its rows' columns.
+    """A program's partials of the filter gradient, walking its rows' columns or
+    a segment of them.
 
-    The tile is a block of output rows by a block of channels. Step ``s`` reads,
-    for each filter row, the input column ``s - left`` at the rows it reads for
-    the tile's rows, and the output gradient's column ``s``; tap ``(di, dj)``
-    multiplies the input column by the output gradient's column ``s - dj * dw``,
-    the one it pairs with, read ``dj * dw`` steps before and kept in registers
-    since. Where that column lies outside the output (the walk's first and last
-    steps) the product is left out, not taken with a zero: an infinite input
-    there must not make a NaN. Each tap's sums are added over the columns in
-    order, then over the tile's rows, in float32.
+    The tile is a block of output rows by a block of channels, and the program
+    owns the output gradient's columns ``start`` to ``start + cols - 1``. Step
+    ``t`` reads, for each filter row, the input column ``start + t - left`` at the
+    rows it reads for the tile's rows, and the output gradient's column ``start +
+    t``; tap ``(di, dj)`` multiplies the input column by the output gradient's
+    column ``start + t - dj * dw``, the one it pairs with, read ``dj * dw`` steps
+    before and kept in registers since. Where that column lies outside the
+    program's (the walk's first and last steps) the product is left out, not
+    taken with a zero: an infinite input there must not make a NaN. Each tap's
+    sums are added over the columns in order, then over the tile's rows, in
+    float32: one partial per row block and segment.
     """
     dtype = _checks.compute_dtype(x_ref.dtype)
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "filter")
+    segments = conv.out_size[1] // launch.cols
+    start = pl.program_id(2) * launch.cols
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
     (fh, fw), (sh, _), (dh, dw) = conv.kernel, conv.strides, conv.dilations
     top, left = conv.pads[0][0], conv.pads[1][0]
-    out_h, out_w = conv.out_size
     rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
-    rows_ok = rows < out_h  # past the last output row, the input reads as zero too
-    span = (fw - 1) * dw
+    rows_ok = rows < conv.out_size[0]  # past the last output row, the input reads as zero too
+    cols, span = launch.cols, (fw - 1) * dw
 
     Sums = tuple[list[jax.Array], list[Any]]
 
-    def step(s: Any, carry: Sums, unrolled: bool) -> Sums:
-        """Step ``s``. ``carry``: the taps' sums, and ``recent[k]``, the output
-        gradient's column ``s - 1 - k`` (None where the walk's first steps would
-        read one before the output). An ``unrolled`` step leaves out the products
-        whose output column lies outside the output; a looped step has none."""
+    def step(t: Any, carry: Sums, unrolled: bool) -> Sums:
+        """Step ``t``. ``carry``: the taps' sums, and ``recent[k]``, the output
+        gradient's column ``start + t - 1 - k`` (None where the walk's first steps
+        would read one before the program's). An ``unrolled`` step leaves out the
+        products whose output column lies outside the program's; a looped step
+        has none."""
         sums, recent = list(carry[0]), carry[1]
         newest = None
-        if not unrolled or s < out_w:
-            newest = _read_rows(dy_ref, launch, n, rows, s, out_chans, dtype, rows_ok)
-        window = [newest, *recent]  # window[k]: column s - k
-        inside = [dj for dj in range(fw) if not unrolled or 0 <= s - dj * dw < out_w]
+        if not unrolled or t < cols:
+            newest = _read_rows(dy_ref, launch, n, rows, start + t, out_chans, dtype, rows_ok)
+        window = [newest, *recent]  # window[k]: column start + t - k
+        inside = [dj for dj in range(fw) if not unrolled or 0 <= t - dj * dw < cols]
         for di in range(fh if inside else 0):
             x_rows = rows * sh - top + di * dh
-            column = _read_rows(x_ref, launch, n, x_rows, s - left, in_chans, dtype, rows_ok)
+            x_col = start + t - left
+            column = _read_rows(x_ref, launch, n, x_rows, x_col, in_chans, dtype, rows_ok)
             column = _on_output_lanes(column, conv)
             for dj in inside:
                 sums[di * fw + dj] = sums[di * fw + dj] + column * window[dj * dw]
@@ -1341,10 +1374,11 @@ def _walk_partials_kernel(
 
     zeros = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
     # Every step from the span-th on reads a column that each tap pairs with,
-    # until the output's last.
-    looped = range(span, max(span, out_w))
-    sums, _ = _walk(step, (zeros, [None] * span), span, out_w + span, looped)
-    _store_partials(part_ref, launch, pl.program_id(0), range(fh * fw), out_chans, tuple(sums))
+    # until the program's last.
+    looped = range(span, max(span, cols))
+    sums, _ = _walk(step, (zeros, [None] * span), span, cols + span, looped)
+    partial = pl.program_id(0) * segments + pl.program_id(2)
+    _store_partials(part_ref, launch, partial, range(fh * fw), out_chans, tuple(sums))
 
 
 # The partials are added up by programs of 4 warps in blocks of this many elements
@@ -1410,7 +1444,9 @@ def filter_gradient(
         kernel, grid = _walk_partials_kernel, _walk_grid(conv, launch, "filter")
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
-    programs = _row_programs(conv, launch, "filter")  # each one partial per tap and channel
+    # One partial per tap and channel from each block of rows (and a walk's
+    # segment of columns; the tiled programs have one block of columns).
+    programs = _row_programs(conv, launch, "filter") * grid[2]
     partials = launch.call(
         functools.partial(kernel, conv=conv),
         _struct((programs, fh * fw, channels), _checks.compute_dtype(x.dtype)),
