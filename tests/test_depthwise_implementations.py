@@ -200,6 +200,72 @@ def test_kernels_read_padding_as_zero_next_to_inf_and_nan(data_format, m):
     np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
+def zero_padded_sums(cfg, x, f, dy):
+    """The forward and the filter gradient over the input padded with zeros that
+    take part in the products, and, at stride 1, the input gradient over the
+    output gradient padded so: float64, NHWC, IEEE arithmetic (0 * inf is NaN)."""
+    (n, h, w, c), (fh, fw, _, m) = cfg["x_shape"], cfg["f_shape"]
+    (oh, top), (ow, left) = cfg["geom"]
+    (sh, sw), (dh, dw) = cfg["strides"], cfg["dilations"]
+    # Enough zeros after the input for every window, however far it reaches.
+    below = max(0, (oh - 1) * sh + (fh - 1) * dh + 1 - h - top)
+    right = max(0, (ow - 1) * sw + (fw - 1) * dw + 1 - w - left)
+    xp = np.pad(x, ((0, 0), (top, below), (left, right), (0, 0)))
+    dy5 = dy.reshape(n, oh, ow, c, m)
+    y, df = np.zeros((n, oh, ow, c, m)), np.zeros((fh, fw, c, m))
+    for di in range(fh):
+        for dj in range(fw):
+            rows = slice(di * dh, di * dh + (oh - 1) * sh + 1, sh)
+            cols = slice(dj * dw, dj * dw + (ow - 1) * sw + 1, sw)
+            window = xp[:, rows, cols, :, None]
+            y += window * f[di, dj]
+            df[di, dj] = (window * dy5).sum(axis=(0, 1, 2))
+    sums = {"forward": y.reshape(n, oh, ow, c * m), "backprop_filter": df}
+    if (sh, sw) == (1, 1):
+        # Input pixel (r, q) meets output (r + top - di * dh, q + left - dj * dw).
+        up, before = (fh - 1) * dh, (fw - 1) * dw
+        dyp = np.pad(dy5, ((0, 0), (up, h + top - oh), (before, w + left - ow), (0, 0), (0, 0)))
+        dx = np.zeros((n, h, w, c))
+        for di in range(fh):
+            for dj in range(fw):
+                r0, q0 = up + top - di * dh, before + left - dj * dw
+                dx += (dyp[:, r0 : r0 + h, q0 : q0 + w] * f[di, dj]).sum(-1)
+        sums["backprop_input"] = dx
+    return sums
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", [0, 1, 3])
+def test_infinities_meet_the_padding_as_zeros_in_both_implementations(case):
+    # Padding is zeros that take part in the products, in every implementation: an
+    # infinite filter tap makes NaN in the outputs whose windows reach it, an
+    # infinite output gradient in the filter gradient's taps that pair it with
+    # padding, and, at stride 1, an infinite tap in the input gradient at the
+    # edges, where the output gradient is read past its border as zeros. Where the
+    # input gradient at larger strides meets such zeros is the implementation's
+    # (the portable one multiplies those between strided outputs too): not compared.
+    cfg = make_cfg(*CASES[case])
+    x, f, dy = random_operands(cfg, 5)
+    f[0, 0, 0, 0], f[-1, -1, -1, -1] = np.inf, -np.inf
+    dy[0, 0, 0, 0], dy[-1, -1, -1, -1] = np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        wants = zero_padded_sums(cfg, x, f, dy)
+        without_padding = references(cfg, x, f, dy)
+    for name, want in wants.items():  # the padding's zeros make NaNs of their own
+        assert (np.isnan(want) & ~np.isnan(without_padding[name])).any(), name
+    names = ("forward", "backprop_input", "backprop_filter")
+    for implementation in ("xla", "pallas"):
+        results = run_all_three(cfg, "NHWC", x, f, dy, implementation=implementation)
+        got = dict(zip(names, results, strict=True))
+        for name, want in wants.items():
+            message = f"{implementation} {name}"
+            finite = np.isfinite(want)
+            np.testing.assert_array_equal(got[name][~finite], want[~finite], err_msg=message)
+            np.testing.assert_allclose(
+                got[name][finite], want[finite], rtol=1e-10, atol=1e-10, err_msg=message
+            )
+
+
 @needs_kernels
 def test_kernels_with_an_empty_input():
     cfg = make_cfg((2, 0, 4, 3), (2, 1, 3, 2), (1, 1), (1, 1), "EXPLICIT", ((2, 1), (0, 0)))
