@@ -26,7 +26,8 @@ flight during the arithmetic, more registers), then whether an NHWC kernel at
 column stride 1 walks its rows' columns in order (``walk_columns``: a tile of
 rows by channels a step, on one or two warps a program, which takes its own
 shape, so the tile and warps of the search then apply to the other kernels
-only); for the resample kernel, whether
+only), and, where it does, the channels of that tile (``walk_channels``: 16,
+32 or 64); for the resample kernel, whether
 it reads a last axis that repeats every two output columns or every output two
 input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
 instead of a gather per tap (``paired``; elsewhere the same program), then
@@ -95,7 +96,8 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # (wider stores, both phases' sums at once); whether they read unaligned runs of NCHW
 # columns from aligned vectors (fewer loads); whether they read a row ahead (loads in
 # flight during the arithmetic, more registers); whether the NHWC kernels walk their
-# rows' columns (a long loop, few loads a multiply-add); whether the resample kernel
+# rows' columns (a long loop, few loads a multiply-add), and the channels of a walk's
+# tile (more make fewer rows a program); whether the resample kernel
 # reads a last axis that repeats every two columns in pairs (contiguous runs in place
 # of gathers), and whether its programs hold their rows as one tile (loads of all rows
 # in flight at once); the tile and the warps together (their ratio is the elements
@@ -108,6 +110,7 @@ GROUPS = (
     "aligned reads",
     "read ahead",
     "walk columns",
+    "walk tile",
     "column pairs",
     "rows together",
     "tile and warps",
@@ -150,6 +153,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "read_ahead",
         "walk_columns",
         "walk_warps",
+        "walk_channels",
         "paired",
         "rows_together",
     )
@@ -179,6 +183,10 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         # Not walking, or walking on one or two warps a program.
         walks = [{"walk_columns": True, "walk_warps": w} for w in (1, 2)]
         options = [{"walk_columns": False}, *walks] if "walk_columns" in best else [{}]
+    elif group == "walk tile":
+        # A walk's channels, where the best launch so far walks.
+        walks = best.get("walk_columns")
+        options = [{"walk_channels": c} for c in (16, 32, 64)] if walks else [{}]
     elif group == "column pairs":
         options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
     elif group == "rows together":
@@ -209,6 +217,7 @@ def label(fields: dict[str, int]) -> str:
     kept += ", unaligned columns read aligned" if fields.get("aligned_reads") else ""
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     walk = f", columns walked on {fields.get('walk_warps')} warps"
+    walk += f" by {fields.get('walk_channels')} channels"
     kept += walk if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""

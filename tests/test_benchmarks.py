@@ -126,6 +126,20 @@ def test_tune_knows_every_launch_field(monkeypatch):
         assert set(tune.fields_of(launch)) == fields, family
 
 
+def test_tune_searches_a_walks_tile_where_the_kernels_walk(monkeypatch):
+    """The "walk tile" group tries a walk's channels only where the best launch
+    so far walks: elsewhere the field changes no program."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    tiled = dict(cols=16, channels=32, rows=8, warps=4, walk_columns=False, walk_warps=2)
+    tiled["walk_channels"] = 32
+    assert tune.neighbours(tiled, "walk tile") == [tiled]
+    walked = {**tiled, "walk_columns": True}
+    assert [n["walk_channels"] for n in tune.neighbours(walked, "walk tile")] == [16, 32, 64]
+    assert "walked on 2 warps by 64 channels" in tune.label({**walked, "walk_channels": 64})
+
+
 @needs_kernels
 def test_tune_searches_only_the_groups_asked_for(monkeypatch):
     """``--groups`` narrows a search to some groups of parameters: with "read ahead"

@@ -761,34 +761,35 @@ def test_which_kernels_walk_the_columns():
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "warps", "cols", "rows"),
+    ("x_shape", "warps", "channels", "cols", "rows"),
     [
         # Whole rows of 16 rows by 32 channels make 672 programs of 2 warps.
-        ((32, 112, 112, 96), 2, 112, 16),
-        ((32, 112, 112, 96), 1, 112, 8),
+        ((32, 112, 112, 96), 2, 32, 112, 16),
+        ((32, 112, 112, 96), 1, 32, 112, 8),
+        # A tile of 64 channels: 8 rows, 896 programs.
+        ((32, 112, 112, 96), 2, 64, 112, 8),
         # The example U-Net's layers: 128 programs of whole rows, 32 by 16
         # channels, make 256 warps; four segments of 16 columns, 1024.
-        ((64, 64, 64, 16), 2, 16, 32),
-        ((64, 128, 128, 48), 2, 128, 16),
-        ((64, 64, 64, 32), 1, 32, 8),
+        ((64, 64, 64, 16), 2, 16, 16, 32),
+        ((64, 128, 128, 48), 2, 32, 128, 16),
+        ((64, 64, 64, 32), 1, 32, 32, 8),
         # 61 columns cannot be cut into equal segments: fewer rows instead.
-        ((32, 64, 61, 32), 2, 61, 4),
+        ((32, 64, 61, 32), 2, 32, 61, 4),
     ],
 )
-def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, warps, cols, rows):
-    # A walk's program holds a tile of rows by channels that gives each thread a
-    # run of 8 channels, and walks a whole row where the grid then has warps
-    # enough to keep the GPU busy; where it does not, the row is cut into equal
-    # segments, a program each, of 16 columns at least; only where those are
-    # still too few do the programs take fewer rows.
+def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, warps, channels, cols, rows):
+    # A walk's program holds a tile of rows by channels (``walk_channels`` at
+    # most) that gives each thread a run of 8 channels, and walks a whole row
+    # where the grid then has warps enough to keep the GPU busy; where it does
+    # not, the row is cut into equal segments, a program each, of 16 columns at
+    # least; only where those are still too few do the programs take fewer rows.
     cfg = make_cfg(x_shape, (3, 3, x_shape[3], 1), (1, 1), (1, 1), "SAME")
     conv = configured(cfg, "NHWC")
     for kernel in ("forward", "input", "filter"):
-        launch = dataclasses.replace(
-            _pallas._launch(conv, False, kernel), walk_columns=True, walk_warps=warps
-        )
+        walk = dict(walk_columns=True, walk_warps=warps, walk_channels=max(channels, 32))
+        launch = dataclasses.replace(_pallas._launch(conv, False, kernel), **walk)
         walk = _pallas._walk_launch(conv, launch, kernel)
-        assert (walk.cols, walk.rows, walk.warps) == (cols, rows, warps), kernel
+        assert (walk.channels, walk.cols, walk.rows, walk.warps) == (channels, cols, rows, warps)
         grid = _pallas._walk_grid(conv, walk, kernel)
         assert grid[2] * walk.cols == x_shape[2], kernel
         assert math.prod(grid) * warps >= _pallas._MIN_WALK_WARPS, kernel

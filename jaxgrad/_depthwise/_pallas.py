@@ -112,6 +112,11 @@ class _Launch:
     # run of 8 channels of a row, so fewer warps make more, shorter programs,
     # which may fill the GPU's last wave of programs better.
     walk_warps: int = 2
+    # The channels of a walk's tile at most, a power of two: more channels give a
+    # program fewer rows (the threads of a row share its channels), so more of
+    # the input rows it reads are also read by the programs above and below it
+    # for their first and last rows; fewer leave more channel blocks.
+    walk_channels: int = 32
 
     def call(
         self,
@@ -146,7 +151,8 @@ class _Cut:
     ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
     from aligned vectors (``_Launch.aligned_reads``), whether it reads a row
     ahead (``_Launch.read_ahead``), and whether it walks the columns, on how
-    many warps (``_Launch.walk_columns``, ``_Launch.walk_warps``)."""
+    many warps and channels (``_Launch.walk_columns``, ``_Launch.walk_warps``,
+    ``_Launch.walk_channels``)."""
 
     tile: int
     most_channels: int
@@ -159,6 +165,7 @@ class _Cut:
     read_ahead: bool = False
     walk_columns: bool = False
     walk_warps: int = 2
+    walk_channels: int = 32
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
@@ -238,6 +245,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         read_ahead=cut.read_ahead,
         walk_columns=cut.walk_columns,
         walk_warps=cut.walk_warps,
+        walk_channels=cut.walk_channels,
     )
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
@@ -623,11 +631,10 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 # --------------------------------------------------------------------------------------
 
 
-# A column walk's tile (``_Launch.walk_columns``): 32 channels at most, across
-# four threads of 8 (16 bytes of bfloat16 each), and rows enough for the other
-# threads of its warps (``_Launch.walk_warps``), so that every thread holds a
-# run of 8 channels of a row.
-_WALK_CHANNELS = 32
+# A column walk's tile (``_Launch.walk_columns``): ``_Launch.walk_channels`` at
+# most, across threads of 8 (16 bytes of bfloat16 each), and rows enough for the
+# other threads of its warps (``_Launch.walk_warps``), so that every thread holds
+# a run of 8 channels of a row.
 _WALK_ELEMENTS = 8
 # Warps a walk's grid should have at least, where more, shorter walks can make
 # them: about eight a multiprocessor of an H100. A walk's program is long, one
@@ -675,7 +682,7 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     still too few, fewer rows, though some threads then hold no channels of
     their own."""
     (tile_rows, width), lanes = _tiled(conv, kernel)
-    chans = min(pl.next_power_of_2(lanes), _WALK_CHANNELS)
+    chans = min(pl.next_power_of_2(lanes), launch.walk_channels)
     warps = launch.walk_warps
     rows = min(pl.next_power_of_2(tile_rows), 32 * warps * _WALK_ELEMENTS // chans)
     walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=width, warps=warps)
