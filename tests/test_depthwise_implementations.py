@@ -703,7 +703,9 @@ def test_kernels_walking_the_columns(
     chosen, given = _pallas._launch, []
 
     def launch(*args):
-        walk = dict(walk_columns=True, walk_warps=1 if segments else 2)
+        # Tiles of 8 channels: the 9 output channels of a multiplier of 3 take two
+        # channel blocks, the second one lane.
+        walk = dict(walk_columns=True, walk_warps=1 if segments else 2, walk_channels=8)
         given.append(dataclasses.replace(chosen(*args), **walk))
         return given[-1]
 
