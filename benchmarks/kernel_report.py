@@ -31,10 +31,10 @@ the loads a row make fall (a 3x3 filter at stride 1: from nine windows to three)
 (``_Launch.taps``): what unrolling a larger filter costs in registers.
 ``--read-ahead`` makes every depthwise kernel read its next row before it computes
 the current one (``_Launch.read_ahead``): what holding a row's tiles a step longer
-costs in registers. ``--walk-columns`` makes the NHWC kernels at column stride 1
-walk their rows' columns in order (``_Launch.walk_columns``; the input gradient
-at strides of 1 without a multiplier): a tile of rows by channels a step, each
-column read once per filter row.
+costs in registers. ``--walk-columns`` makes the NHWC kernels walk their rows'
+columns in order (``_Launch.walk_columns``; the input gradient at strides of 1
+without a multiplier): a tile of rows by channels a step, each column read once
+per filter row.
 ``--paired`` makes the resample kernel read a last axis that repeats every two
 output columns, or every output two input columns, in pairs
 (``_Launch.paired``: NCHW's 2x and 0.5x and their gradients): each tap a
@@ -356,7 +356,7 @@ def main() -> None:
     parser.add_argument(
         "--walk-columns",
         action="store_true",
-        help="the NHWC kernels at column stride 1 walk their rows' columns in order",
+        help="the NHWC kernels walk their rows' columns in order",
     )
     parser.add_argument(
         "--paired",

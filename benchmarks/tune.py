@@ -22,21 +22,22 @@ sums at once), then whether an NCHW kernel reads a run of columns that starts
 off a vector's alignment from the aligned vectors under it and moves the columns
 into place in registers (``aligned_reads``: fewer loads), then whether a program
 reads its next row before it computes the current one (``read_ahead``: loads in
-flight during the arithmetic, more registers), then whether an NHWC kernel at
-column stride 1 walks its rows' columns in order (``walk_columns``: a tile of
-rows by channels a step, on one or two warps a program, which takes its own
-shape, so the tile and warps of the search then apply to the other kernels
-only), and, where it does, the channels of that tile (``walk_channels``: 16,
-32 or 64); for the resample kernel, whether
-it reads a last axis that repeats every two output columns or every output two
-input columns (NCHW's 2x and 0.5x and their gradients) as contiguous runs
-instead of a gather per tap (``paired``; elsewhere the same program), then
-whether a program of one channel holds its rows as one tile (``rows_together``);
+flight during the arithmetic, more registers), then whether an NHWC kernel
+walks its rows' columns in order (``walk_columns``: a tile of rows by channels
+a step, on one or two warps a program, which takes its own shape, so the tile
+and warps of the search then apply to the other kernels only), and, where it
+does, the channels of that tile (``walk_channels``: 16, 32 or 64); for the
+resample kernel, whether it reads a last axis that repeats every two output
+columns or every output two input columns (NCHW's 2x and 0.5x and their
+gradients) as contiguous runs instead of a gather per tap (``paired``;
+elsewhere the same program), then whether a program of one channel holds its
+rows as one tile (``rows_together``);
 the tile (each side halved, kept or doubled) together with the warps (2, 4, 8),
 since their ratio sets each thread's share of the tile and so its registers;
-then the rows (a quarter to four times). A coordinate search: about 39 compiles
-per op instead of every combination's 12960. Every case of both families is well
-over two thousand compiles, so pick cases with ``--cases`` and ``--ops``
+then the rows (a quarter to four times). A coordinate search: about 42 compiles
+per depthwise op (a walk's tile included) instead of every combination's
+116640. Every case of both families is well over two thousand compiles, so pick
+cases with ``--cases`` and ``--ops``
 (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``), and groups with
 ``--groups``: ``--groups "read ahead"`` times the current launch against the one
 that differs in that option alone, two compiles per op, which is how to try an

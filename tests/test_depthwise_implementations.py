@@ -659,6 +659,10 @@ def test_unaligned_columns_read_from_aligned_vectors(
         # Outputs no more than the columns between a filter row's taps: every
         # step unrolled, no loop.
         ((2, 5, 2, 8), (3, 3), (1, 1), (1, 1), "SAME", 1, jnp.float16, False),
+        # Column stride 3 and dilation 2: a step reads three input columns, the
+        # taps read phases 0, 2 and 1, the last one step later; segments of
+        # three of the six output columns.
+        ((2, 9, 17, 8), (3, 3), (2, 3), (1, 2), "EXPLICIT", 1, jnp.float32, True),
     ],
 )
 def test_kernels_walking_the_columns(
@@ -733,13 +737,13 @@ def test_kernels_walking_the_columns(
 
 
 def test_which_kernels_walk_the_columns():
-    # A walk reads one column a step along the channels, the minor axis in NHWC
-    # only, a run of 8 a thread (fewer would leave its loads narrow), and pairs
-    # each column with the columns at fixed distances from it, which a column
-    # stride other than 1 breaks; its taps are all held at once, and so are the
-    # columns between a filter row's first and last tap. The input gradient's
-    # rows read the output gradient's at fixed offsets only at row stride 1, and
-    # its lanes are the output's only without a multiplier.
+    # A walk reads the input columns of one output column a step (as many as the
+    # column stride) along the channels, the minor axis in NHWC only, a run of 8
+    # a thread (fewer would leave its loads narrow), and pairs them with the
+    # columns at fixed distances from it; its taps are all held at once, and so
+    # are the columns later steps read again. The input gradient's columns and
+    # rows read the output gradient's at fixed offsets only at strides of 1,
+    # and its lanes are the output's only without a multiplier.
     def walks(kernel, x_shape, f_shape, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
         cfg = make_cfg(x_shape, f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)
@@ -752,9 +756,12 @@ def test_which_kernels_walk_the_columns():
     for kernel in ("forward", "input", "filter"):
         assert walks(kernel, x, f)
         assert not walks(kernel, x, f, data_format="NCHW")
-        assert not walks(kernel, x, f, strides=(1, 2))
+        assert walks(kernel, x, f, strides=(1, 2)) == (kernel != "input")
         assert not walks(kernel, x, (5, 5, 8, 1))  # 25 taps, more than a walk holds
-        assert not walks(kernel, x, f, dilations=(1, 5))  # ten columns apart
+        assert not walks(kernel, x, f, dilations=(1, 5))  # ten columns kept
+        # At column stride 2, the last tap five steps on, both phases: ten kept.
+        assert not walks(kernel, x, f, strides=(1, 2), dilations=(1, 5))
+        assert walks(kernel, x, f, strides=(1, 2), dilations=(1, 4)) == (kernel != "input")
         assert walks(kernel, x, f, strides=(2, 1)) == (kernel != "input")
         assert walks(kernel, x, (3, 3, 8, 2)) == (kernel != "input")
         assert not walks(kernel, (2, 9, 40, 4), (3, 3, 4, 1))  # four channels
@@ -1140,12 +1147,13 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_column_walks_lower_for_cuda(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "strides"), [(jnp.bfloat16, (1, 1)), (jnp.float32, (2, 2))])
+def test_column_walks_lower_for_cuda(dtype, strides, monkeypatch):
     # A walk's loop carries the columns it keeps (and the filter gradient's
     # sums), and its first and last steps are unrolled: all of it must lower to
-    # Triton, in the forward and in the filter gradient's partials.
-    cfg = make_cfg((2, 12, 20, 48), (3, 3, 48, 1), (1, 1), (1, 1), "SAME")
+    # Triton, in the forward and in the filter gradient's partials, at column
+    # stride 1 and at 2 (two phases a step).
+    cfg = make_cfg((2, 12, 20, 48), (3, 3, 48, 1), strides, (1, 1), "SAME")
     (x, f, dy), _ = operands(cfg, "NHWC", dtype)
     ops = three_ops(cfg, "NHWC", implementation="pallas")
 

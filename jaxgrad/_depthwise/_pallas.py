@@ -99,14 +99,15 @@ class _Launch:
     # where otherwise each row's loads wait for the row before to finish. Whether
     # that pays for the registers the tiles take is measured per kernel (``_CUTS``).
     read_ahead: bool = False
-    # Whether an NHWC kernel at column stride 1 walks each row's columns in
-    # order, a ``[rows, channels]`` tile a step, rather than cut the columns into
-    # tiles: a step reads one column per filter row of the array its sums read
-    # (and the filter gradient one output-gradient column), which the taps of
-    # later steps read again from registers, so that a multiply-add costs few
-    # loads and little address arithmetic (``_walks_columns`` says where it
-    # applies). The tile then takes its own shape (``_walk_launch``); whether it
-    # pays is measured per kernel (``_CUTS``).
+    # Whether an NHWC kernel walks each row's columns in order, a ``[rows,
+    # channels]`` tile a step, rather than cut the columns into tiles: a step
+    # reads an output column's new columns of the array its sums read, per
+    # filter row (one at column stride 1; the filter gradient also one
+    # output-gradient column), which the taps of later steps read again from
+    # registers, so that a multiply-add costs few loads and little address
+    # arithmetic (``_walks_columns`` says where it applies). The tile then
+    # takes its own shape (``_walk_launch``); whether it pays is measured per
+    # kernel (``_CUTS``).
     walk_columns: bool = False
     # The warps of a walk's program: its rows are as many as give each thread a
     # run of 8 channels of a row, so fewer warps make more, shorter programs,
@@ -642,34 +643,53 @@ _WALK_ELEMENTS = 8
 # busy.
 _MIN_WALK_WARPS = 1024
 # The fewest output columns a program walks where the row's columns are cut into
-# segments, a program each: a segment first reads the ``span`` columns before its
-# own, which its neighbour reads too.
+# segments, a program each: a segment first reads the columns before its own
+# that its taps reach, which its neighbour reads too.
 _MIN_WALK_COLUMNS = 16
 # The most taps a walk holds: one tile of sums or of taps each.
 _MOST_WALK_TAPS = 16
-# The most output columns between the first and the last tap of a filter row
-# that a walk keeps in registers: each takes a tile, and the walk's first and
-# last steps, as many, are unrolled.
-_MOST_WALK_SPAN = 8
+# The most columns of each filter row a walk keeps in registers from one step to
+# the next: each takes a tile, and the walk's first and last steps are unrolled.
+_MOST_WALK_KEPT = 8
+
+
+def _walk_steps(conv: Conv) -> list[tuple[int, int]]:
+    """For each filter column ``dj``, where a walk finds the input column its tap
+    reads for an output column: a walk's step reads ``s`` consecutive input
+    columns (its phases; ``s`` the column stride), and output column ``w``'s own
+    step begins at input column ``w * s - left``, so tap ``dj`` reads phase
+    ``dj * dw % s`` of the step ``dj * dw // s`` steps after it."""
+    s, dw = conv.strides[1], conv.dilations[1]
+    return [divmod(dj * dw, s) for dj in range(conv.kernel[1])]
+
+
+def _walk_lag(conv: Conv) -> int:
+    """The steps between an output column's own and the last its taps read: the
+    steps a walk keeps in registers."""
+    return max(steps for steps, _ in _walk_steps(conv))
+
+
+def _walk_phases(conv: Conv) -> list[int]:
+    """The phases of a step that some tap reads."""
+    return sorted({phase for _, phase in _walk_steps(conv)})
 
 
 def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     """Whether ``kernel`` launched with ``launch`` walks the columns
     (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, with
-    channels enough for a thread's run of them, at column stride 1, for a filter
-    whose taps one program holds, with few columns between a filter row's first
-    and last tap. The input gradient walks at row stride 1 and without a depth
-    multiplier only: its rows then read the output gradient's rows at fixed
-    offsets, and its lanes are the output's."""
+    channels enough for a thread's run of them, for a filter whose taps one
+    program holds, keeping few columns from one step to the next. The input
+    gradient walks at strides of 1 and without a depth multiplier only: its
+    columns and rows then read the output gradient's at fixed offsets, and its
+    lanes are the output's."""
     fh, fw = conv.kernel
-    input_walks = conv.strides[0] == 1 and conv.multiplier == 1
+    input_walks = conv.strides == (1, 1) and conv.multiplier == 1
     return (
         launch.walk_columns
         and not conv.nchw
         and _tiled(conv, kernel)[1] >= _WALK_ELEMENTS
-        and conv.strides[1] == 1
         and fh * fw <= min(launch.taps, _MOST_WALK_TAPS)
-        and (fw - 1) * conv.dilations[1] <= _MOST_WALK_SPAN
+        and _walk_lag(conv) * len(_walk_phases(conv)) <= _MOST_WALK_KEPT
         and (kernel != "input" or input_walks)
     )
 
@@ -754,15 +774,15 @@ _Carry = TypeVar("_Carry")
 
 
 def _walk(
-    step: Callable[[Any, _Carry, bool], _Carry], carry: _Carry, span: int, steps: int, looped: range
+    step: Callable[[Any, _Carry, bool], _Carry], carry: _Carry, lag: int, steps: int, looped: range
 ) -> _Carry:
     """``carry = step(t, carry, unrolled)`` for the steps ``t`` in ``range(steps)``:
-    those of ``looped`` in a loop of ``span + 1`` steps an iteration, so that the
-    ``span`` columns a step keeps for the next ones stay in their registers rather
-    than move each step; the others, and what the loop leaves over, unrolled
-    (``unrolled``: ``t`` is known, and a step can leave out what it would not
-    compute there)."""
-    per_iteration = span + 1
+    those of ``looped`` in a loop of ``lag + 1`` steps an iteration, so that the
+    columns a step keeps for the ``lag`` steps after it stay in their registers
+    rather than move each step; the others, and what the loop leaves over,
+    unrolled (``unrolled``: ``t`` is known, and a step can leave out what it
+    would not compute there)."""
+    per_iteration = lag + 1
     iterations = len(looped) // per_iteration
     for t in range(looped.start):
         carry = step(t, carry, True)
@@ -845,52 +865,56 @@ def _walk_sums(
     *,
     outputs: int,
     first: Any,
-    kept: Callable[[int], int],
+    stride: int,
+    kept: list[tuple[int, int]],
 ) -> None:
     """Walks a program's ``outputs`` columns (``_walk``): the forward's and the
     input gradient's.
 
-    Step ``t`` reads, for each filter row ``di``, the column ``first + t`` of the
-    array the sums read (``read(di, column)``, a tile of ``zero``'s shape), and
-    keeps it in registers for the steps after it. From step ``span`` on, the
-    program's output column ``t - span`` (counted from its first) has every
-    column its taps read: tap ``(di, dj)`` reads the one read ``kept(dj)`` steps
-    before. It is summed tap by tap, in the tiled kernels' order, and written
-    (``write(column, tile)``).
+    Step ``t`` reads, for each filter row ``di``, the columns ``first + stride *
+    t + p`` of the array the sums read (``read(di, column)``, a tile of
+    ``zero``'s shape) for the phases ``p`` its taps use, and keeps them in
+    registers for the steps after it. From step ``lag`` on, the program's output
+    column ``t - lag`` (counted from its first) has every column its taps read:
+    tap ``(di, dj)`` reads phase ``kept[dj][1]`` of the step ``kept[dj][0]``
+    steps before. It is summed tap by tap, in the tiled kernels' order, and
+    written (``write(column, tile)``).
     """
-    (fh, fw), dw = conv.kernel, conv.dilations[1]
-    span = (fw - 1) * dw
+    fh, fw = conv.kernel
+    lag = max(back for back, _ in kept)
+    phases = sorted({phase for _, phase in kept})
 
     def step(t: Any, recent: list[list[Any]], unrolled: bool) -> list[list[Any]]:
-        """Step ``t``. ``recent[di][k]``: filter row ``di``'s column of step
-        ``t - 1 - k`` (None before the first)."""
-        window = [[read(di, first + t), *recent[di]] for di in range(fh)]
-        if not unrolled or t >= span:  # the first steps only read
+        """Step ``t``. ``recent[di][k]``: filter row ``di``'s columns of step
+        ``t - 1 - k`` by phase (None before the first)."""
+        window = [
+            [{p: read(di, first + stride * t + p) for p in phases}, *recent[di]] for di in range(fh)
+        ]
+        if not unrolled or t >= lag:  # the first steps only read
             total = zero
             for di in range(fh):
-                for dj in range(fw):
-                    total = total + window[di][kept(dj)] * taps(di * fw + dj, 0)[None, :]
-            write(t - span, total)
-        return [columns[:span] for columns in window]
+                for dj, (back, phase) in enumerate(kept):
+                    total = total + window[di][back][phase] * taps(di * fw + dj, 0)[None, :]
+            write(t - lag, total)
+        return [columns[:lag] for columns in window]
 
-    recent: list[list[Any]] = [[None] * span for _ in range(fh)]
-    _walk(step, recent, span, span + outputs, range(span, span + outputs))
+    recent: list[list[Any]] = [[None] * lag for _ in range(fh)]
+    _walk(step, recent, lag, lag + outputs, range(lag, lag + outputs))
 
 
 def _walk_forward_kernel(
     x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _Launch
 ) -> None:
     """A program's output rows, walking their columns or a segment of them
-    (``_walk_sums``): output column ``w`` reads input column ``w + dj * dw - left``
-    through tap ``(di, dj)``, at the rows ``i * sh - top + di * dh`` of the tile's
-    rows ``i``."""
+    (``_walk_sums``): output column ``w`` reads input column ``w * sw + dj * dw -
+    left`` through tap ``(di, dj)``, at the rows ``i * sh - top + di * dh`` of the
+    tile's rows ``i``."""
     dtype = _checks.compute_dtype(x_ref.dtype)
     n, first = _image_and_first_row(pl.program_id(0), conv, launch, "forward")
     start = pl.program_id(2) * launch.cols  # the program's first output column
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
-    sh, (dh, dw) = conv.strides[0], conv.dilations
-    span = (conv.kernel[1] - 1) * dw
+    (sh, sw), dh = conv.strides, conv.dilations[0]
     top, left = conv.pads[0][0], conv.pads[1][0]
     rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
     rows_ok = rows < conv.out_size[0]
@@ -905,10 +929,13 @@ def _walk_forward_kernel(
 
     taps = _Taps(f_ref, launch, conv, [out_chans], dtype)
     zero = jnp.zeros((launch.rows, launch.channels), dtype)
-    # Output column w's taps read input columns w - left to w + span - left.
-    kept = lambda dj: span - dj * dw  # noqa: E731
-    first = start - left
-    _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, kept=kept)
+    # Output column w's own step begins at input column w * sw - left; its last
+    # tap's step comes ``lag`` steps after.
+    lag = _walk_lag(conv)
+    kept = [(lag - steps, phase) for steps, phase in _walk_steps(conv)]
+    first = start * sw - left
+    outputs = launch.cols
+    _walk_sums(read, write, taps, conv, zero, outputs=outputs, first=first, stride=sw, kept=kept)
 
 
 def _walk_input_kernel(
@@ -937,10 +964,11 @@ def _walk_input_kernel(
 
     taps = _Taps(f_ref, launch, conv, [chans], dtype)
     zero = jnp.zeros((launch.rows, launch.channels), dtype)
-    # Input column u's taps read output-gradient columns u + left - span to u + left.
-    kept = lambda dj: dj * dw  # noqa: E731
+    # Input column u's taps read output-gradient columns u + left - span to u +
+    # left, tap (di, dj) the one dj * dw before the last.
+    kept = [(dj * dw, 0) for dj in range(conv.kernel[1])]
     first = start + left - span
-    _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, kept=kept)
+    _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, stride=1, kept=kept)
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
@@ -1334,11 +1362,12 @@ def _walk_partials_kernel(
 
     The tile is a block of output rows by a block of channels, and the program
     owns the output gradient's columns ``start`` to ``start + cols - 1``. Step
-    ``t`` reads, for each filter row, the input column ``start + t - left`` at the
-    rows it reads for the tile's rows, and the output gradient's column ``start +
-    t``; tap ``(di, dj)`` multiplies the input column by the output gradient's
-    column ``start + t - dj * dw``, the one it pairs with, read ``dj * dw`` steps
-    before and kept in registers since. Where that column lies outside the
+    ``t`` reads the output gradient's column ``start + t`` and, for each filter
+    row, at the rows it reads for the tile's rows, the input columns of that
+    output column's own step (``_walk_steps``: ``sw`` columns from ``(start + t)
+    * sw - left``, the phases some tap reads). Tap ``(di, dj)`` multiplies its
+    phase by the output gradient's column it pairs with, read ``dj * dw // sw``
+    steps before and kept in registers since. Where that column lies outside the
     program's (the walk's first and last steps) the product is left out, not
     taken with a zero: an infinite input there must not make a NaN. Each tap's
     sums are added over the columns in order, then over the tile's rows, in
@@ -1350,11 +1379,11 @@ def _walk_partials_kernel(
     start = pl.program_id(2) * launch.cols
     out_chans = _kernels.lanes(pl.program_id(1), launch.channels)
     in_chans = _input_lanes(conv, launch)
-    (fh, fw), (sh, _), (dh, dw) = conv.kernel, conv.strides, conv.dilations
+    (fh, fw), (sh, sw), dh = conv.kernel, conv.strides, conv.dilations[0]
     top, left = conv.pads[0][0], conv.pads[1][0]
     rows = first + jnp.arange(launch.rows, dtype=jnp.int32)
     rows_ok = rows < conv.out_size[0]  # past the last output row, the input reads as zero too
-    cols, span = launch.cols, (fw - 1) * dw
+    cols, lag, kept = launch.cols, _walk_lag(conv), _walk_steps(conv)
 
     Sums = tuple[list[jax.Array], list[Any]]
 
@@ -1369,21 +1398,25 @@ def _walk_partials_kernel(
         if not unrolled or t < cols:
             newest = _read_rows(dy_ref, launch, n, rows, start + t, out_chans, dtype, rows_ok)
         window = [newest, *recent]  # window[k]: column start + t - k
-        inside = [dj for dj in range(fw) if not unrolled or 0 <= t - dj * dw < cols]
-        for di in range(fh if inside else 0):
+        inside = [dj for dj in range(fw) if not unrolled or 0 <= t - kept[dj][0] < cols]
+        phases = sorted({kept[dj][1] for dj in inside})
+        for di in range(fh):
             x_rows = rows * sh - top + di * dh
-            x_col = start + t - left
-            column = _read_rows(x_ref, launch, n, x_rows, x_col, in_chans, dtype, rows_ok)
-            column = _on_output_lanes(column, conv)
+            columns = {}
+            for p in phases:
+                x_col = (start + t) * sw - left + p
+                column = _read_rows(x_ref, launch, n, x_rows, x_col, in_chans, dtype, rows_ok)
+                columns[p] = _on_output_lanes(column, conv)
             for dj in inside:
-                sums[di * fw + dj] = sums[di * fw + dj] + column * window[dj * dw]
-        return sums, window[:span]
+                back, phase = kept[dj]
+                sums[di * fw + dj] = sums[di * fw + dj] + columns[phase] * window[back]
+        return sums, window[:lag]
 
     zeros = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
-    # Every step from the span-th on reads a column that each tap pairs with,
-    # until the program's last.
-    looped = range(span, max(span, cols))
-    sums, _ = _walk(step, (zeros, [None] * span), span, cols + span, looped)
+    # Every step from the lag-th on reads columns that each tap pairs with, until
+    # the program's last.
+    looped = range(lag, max(lag, cols))
+    sums, _ = _walk(step, (zeros, [None] * lag), lag, cols + lag, looped)
     partial = pl.program_id(0) * segments + pl.program_id(2)
     _store_partials(part_ref, launch, partial, range(fh * fw), out_chans, tuple(sums))
 
