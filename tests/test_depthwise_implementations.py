@@ -663,6 +663,8 @@ def test_unaligned_columns_read_from_aligned_vectors(
         # taps read phases 0, 2 and 1, the last one step later; segments of
         # three of the six output columns.
         ((2, 9, 17, 8), (3, 3), (2, 3), (1, 2), "EXPLICIT", 1, jnp.float32, True),
+        # A 5x5 filter: 25 taps, 4 channels a thread, four columns kept.
+        ((2, 6, 9, 4), (5, 5), (1, 1), (1, 1), "SAME", 1, jnp.bfloat16, False),
     ],
 )
 def test_kernels_walking_the_columns(
@@ -739,7 +741,8 @@ def test_kernels_walking_the_columns(
 def test_which_kernels_walk_the_columns():
     # A walk reads the input columns of one output column a step (as many as the
     # column stride) along the channels, the minor axis in NHWC only, a run of 8
-    # a thread (fewer would leave its loads narrow), and pairs them with the
+    # a thread, 4 for a filter of more than 16 taps (fewer would leave its loads
+    # narrow), and pairs them with the
     # columns at fixed distances from it; its taps are all held at once, and so
     # are the columns later steps read again. The input gradient's columns and
     # rows read the output gradient's at fixed offsets only at strides of 1,
@@ -757,7 +760,9 @@ def test_which_kernels_walk_the_columns():
         assert walks(kernel, x, f)
         assert not walks(kernel, x, f, data_format="NCHW")
         assert walks(kernel, x, f, strides=(1, 2)) == (kernel != "input")
-        assert not walks(kernel, x, (5, 5, 8, 1))  # 25 taps, more than a walk holds
+        assert walks(kernel, x, (5, 5, 8, 1))  # 25 taps, 4 channels a thread
+        assert walks(kernel, (2, 9, 40, 4), (5, 5, 4, 1))
+        assert not walks(kernel, x, (7, 7, 8, 1))  # 49 taps, more than a walk holds
         assert not walks(kernel, x, f, dilations=(1, 5))  # ten columns kept
         # At column stride 2, the last tap five steps on, both phases: ten kept.
         assert not walks(kernel, x, f, strides=(1, 2), dilations=(1, 5))
@@ -770,29 +775,32 @@ def test_which_kernels_walk_the_columns():
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "warps", "channels", "cols", "rows"),
+    ("x_shape", "side", "warps", "channels", "cols", "rows"),
     [
         # Whole rows of 16 rows by 32 channels make 672 programs of 2 warps.
-        ((32, 112, 112, 96), 2, 32, 112, 16),
-        ((32, 112, 112, 96), 1, 32, 112, 8),
+        ((32, 112, 112, 96), 3, 2, 32, 112, 16),
+        ((32, 112, 112, 96), 3, 1, 32, 112, 8),
         # A tile of 64 channels: 8 rows, 896 programs.
-        ((32, 112, 112, 96), 2, 64, 112, 8),
+        ((32, 112, 112, 96), 3, 2, 64, 112, 8),
+        # 4 channels a thread for a 5x5 filter: 8 rows, 1344 programs.
+        ((32, 56, 56, 192), 5, 2, 32, 56, 8),
         # The example U-Net's layers: 128 programs of whole rows, 32 by 16
         # channels, make 256 warps; four segments of 16 columns, 1024.
-        ((64, 64, 64, 16), 2, 16, 16, 32),
-        ((64, 128, 128, 48), 2, 32, 128, 16),
-        ((64, 64, 64, 32), 1, 32, 32, 8),
+        ((64, 64, 64, 16), 3, 2, 16, 16, 32),
+        ((64, 128, 128, 48), 3, 2, 32, 128, 16),
+        ((64, 64, 64, 32), 3, 1, 32, 32, 8),
         # 61 columns cannot be cut into equal segments: fewer rows instead.
-        ((32, 64, 61, 32), 2, 32, 61, 4),
+        ((32, 64, 61, 32), 3, 2, 32, 61, 4),
     ],
 )
-def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, warps, channels, cols, rows):
+def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, side, warps, channels, cols, rows):
     # A walk's program holds a tile of rows by channels (``walk_channels`` at
-    # most) that gives each thread a run of 8 channels, and walks a whole row
+    # most) that gives each thread a run of 8 channels (4 for a 5x5 filter), and
+    # walks a whole row
     # where the grid then has warps enough to keep the GPU busy; where it does
     # not, the row is cut into equal segments, a program each, of 16 columns at
     # least; only where those are still too few do the programs take fewer rows.
-    cfg = make_cfg(x_shape, (3, 3, x_shape[3], 1), (1, 1), (1, 1), "SAME")
+    cfg = make_cfg(x_shape, (side, side, x_shape[3], 1), (1, 1), (1, 1), "SAME")
     conv = configured(cfg, "NHWC")
     for kernel in ("forward", "input", "filter"):
         walk = dict(walk_columns=True, walk_warps=warps, walk_channels=max(channels, 32))

@@ -635,8 +635,12 @@ def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
 # A column walk's tile (``_Launch.walk_columns``): ``_Launch.walk_channels`` at
 # most, across threads of 8 (16 bytes of bfloat16 each), and rows enough for the
 # other threads of its warps (``_Launch.walk_warps``), so that every thread holds
-# a run of 8 channels of a row.
+# a run of 8 channels of a row ...
 _WALK_ELEMENTS = 8
+# ... or of 4, for a filter of more taps than this: a thread holds one element
+# of the tile for each tap (the forward's and the input gradient's taps, the
+# filter gradient's sums), besides the columns the walk keeps.
+_MOST_WIDE_WALK_TAPS = 16
 # Warps a walk's grid should have at least, where more, shorter walks can make
 # them: about eight a multiprocessor of an H100. A walk's program is long, one
 # step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
@@ -646,8 +650,8 @@ _MIN_WALK_WARPS = 1024
 # segments, a program each: a segment first reads the columns before its own
 # that its taps reach, which its neighbour reads too.
 _MIN_WALK_COLUMNS = 16
-# The most taps a walk holds: one tile of sums or of taps each.
-_MOST_WALK_TAPS = 16
+# The most taps a walk holds (a 5x5 filter): one tile of sums or of taps each.
+_MOST_WALK_TAPS = 25
 # The most columns of each filter row a walk keeps in registers from one step to
 # the next: each takes a tile, and the walk's first and last steps are unrolled.
 _MOST_WALK_KEPT = 8
@@ -661,6 +665,11 @@ def _walk_steps(conv: Conv) -> list[tuple[int, int]]:
     ``dj * dw % s`` of the step ``dj * dw // s`` steps after it."""
     s, dw = conv.strides[1], conv.dilations[1]
     return [divmod(dj * dw, s) for dj in range(conv.kernel[1])]
+
+
+def _walk_elements(conv: Conv) -> int:
+    """The channels of a row each thread of a walk holds."""
+    return _WALK_ELEMENTS if math.prod(conv.kernel) <= _MOST_WIDE_WALK_TAPS else 4
 
 
 def _walk_lag(conv: Conv) -> int:
@@ -677,8 +686,9 @@ def _walk_phases(conv: Conv) -> list[int]:
 def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     """Whether ``kernel`` launched with ``launch`` walks the columns
     (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, with
-    channels enough for a thread's run of them, for a filter whose taps one
-    program holds, keeping few columns from one step to the next. The input
+    channels enough for a thread's run of them, for a filter of few enough taps
+    (a walk holds a tile for each, whatever ``launch.taps`` says), keeping few
+    columns from one step to the next. The input
     gradient walks at strides of 1 and without a depth multiplier only: its
     columns and rows then read the output gradient's at fixed offsets, and its
     lanes are the output's."""
@@ -687,8 +697,8 @@ def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     return (
         launch.walk_columns
         and not conv.nchw
-        and _tiled(conv, kernel)[1] >= _WALK_ELEMENTS
-        and fh * fw <= min(launch.taps, _MOST_WALK_TAPS)
+        and _tiled(conv, kernel)[1] >= _walk_elements(conv)
+        and fh * fw <= _MOST_WALK_TAPS
         and _walk_lag(conv) * len(_walk_phases(conv)) <= _MOST_WALK_KEPT
         and (kernel != "input" or input_walks)
     )
@@ -704,7 +714,7 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     (tile_rows, width), lanes = _tiled(conv, kernel)
     chans = min(pl.next_power_of_2(lanes), launch.walk_channels)
     warps = launch.walk_warps
-    rows = min(pl.next_power_of_2(tile_rows), 32 * warps * _WALK_ELEMENTS // chans)
+    rows = min(pl.next_power_of_2(tile_rows), 32 * warps * _walk_elements(conv) // chans)
     walk = dataclasses.replace(launch, channels=chans, rows=rows, cols=width, warps=warps)
 
     def grid_warps(walk: _Launch) -> int:
