@@ -688,10 +688,9 @@ def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, with
     channels enough for a thread's run of them, for a filter of few enough taps
     (a walk holds a tile for each, whatever ``launch.taps`` says), keeping few
-    columns from one step to the next. The input
-    gradient walks at strides of 1 and without a depth multiplier only: its
-    columns and rows then read the output gradient's at fixed offsets, and its
-    lanes are the output's."""
+    columns from one step to the next. The input gradient walks at strides of 1
+    and without a depth multiplier only: its columns and rows then read the
+    output gradient's at fixed offsets, and its lanes are the output's."""
     fh, fw = conv.kernel
     input_walks = conv.strides == (1, 1) and conv.multiplier == 1
     return (
