@@ -5,6 +5,7 @@
                                        [--reuse-rows] [--taps N] [--read-ahead]
                                        [--walk-columns]
                                        [--paired] [--rows-together] [--dump DIR]
+                                       [--loops]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
 to XLA), compiles that IR with the `triton` package to PTX, and assembles the PTX
@@ -45,6 +46,11 @@ channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
 ``--dump DIR`` writes each kernel's PTX to ``DIR``, and its SASS, the machine
 code the GPU runs (disassembled with the ``nvdisasm`` Triton ships): where a
 loop issues its loads against its products, say, which the PTX does not fix.
+``--loops`` adds a column with each loop of a kernel's SASS that multiplies and
+adds: its instructions and its float32 multiply-adds (``384 / 216``), one pass
+of the loop's body. Their ratio is what a kernel issues for each multiply-add
+where the loop is most of its work; bounded by issue rather than memory, the
+kernel's time follows it.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -82,8 +88,10 @@ DEPTHWISE_CASES = {
     "[32,112,112,96] 3x3 s1 NHWC bf16": ((32, 112, 112, 96), (3, 3, 96, 1), 1, "NHWC", "bfloat16"),
     "[32,112,112,96] 3x3 s1 NCHW f32": ((32, 96, 112, 112), (3, 3, 96, 1), 1, "NCHW", "float32"),
     "[32,112,112,96] 3x3 s2 NHWC f32": ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", "float32"),
+    "[32,112,112,96] 3x3 s2 NHWC bf16": ((32, 112, 112, 96), (3, 3, 96, 1), 2, "NHWC", "bfloat16"),
     "[32,112,112,96] 3x3 s2 NCHW bf16": ((32, 96, 112, 112), (3, 3, 96, 1), 2, "NCHW", "bfloat16"),
     "[32,56,56,192] 5x5 s1 NHWC f32": ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", "float32"),
+    "[32,56,56,192] 5x5 s1 NHWC bf16": ((32, 56, 56, 192), (5, 5, 192, 1), 1, "NHWC", "bfloat16"),
     "[32,112,112,32] 3x3 M2 NHWC bf16": ((32, 112, 112, 32), (3, 3, 32, 2), 1, "NHWC", "bfloat16"),
     "[8,64,64,32] 7x7 s1 NHWC f32": ((8, 64, 64, 32), (7, 7, 32, 1), 1, "NHWC", "float32"),
     # The example U-Net's narrowest layers (batch 64 of 128x128): few channels.
@@ -124,6 +132,10 @@ RESAMPLE_CASES = {
 GLOBAL_ACCESS = r"{}\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.[bfsu](\d+)\b"
 GLOBAL_LOAD = re.compile(GLOBAL_ACCESS.format("ld"))
 GLOBAL_STORE = re.compile(GLOBAL_ACCESS.format("st"))
+# nvdisasm's SASS: a label line, and an instruction line with its address.
+SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+SASS_BRANCH = re.compile(r"^@!?U?P\w+\s+BRA\s+`\((\.L_x_\d+)\)")
 
 # What one streaming multiprocessor of an H100 holds at once (CUDA's occupancy
 # rules for compute capability 9.0), and how many an H100 SXM has.
@@ -304,22 +316,59 @@ def compile_report(ir: str, options: dict, arch: str, folder: pathlib.Path) -> d
     }
 
 
+def sass(compiled: pathlib.Path, arch: str) -> str | None:
+    """The SASS of the kernel ``compile_report`` just compiled in ``compiled`` for
+    ``arch``, where Triton ships ``nvdisasm`` beside ``ptxas``."""
+    nvdisasm = pathlib.Path(ptxas_for(capability_of(arch))).with_name("nvdisasm")
+    if not nvdisasm.exists():
+        return None
+    return subprocess.run(
+        [str(nvdisasm), "-c", str(compiled / "kernel.cubin")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def dump(compiled: pathlib.Path, folder: pathlib.Path, name: str, arch: str) -> None:
     """Copies the kernel ``compile_report`` just compiled in ``compiled`` for
-    ``arch`` to ``folder`` as ``name``.ptx, and its SASS as ``name``.sass where
-    Triton ships ``nvdisasm`` beside ``ptxas``."""
+    ``arch`` to ``folder`` as ``name``.ptx, and its SASS as ``name``.sass."""
     folder.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^\w.-]+", "_", name).strip("_")
     (folder / f"{stem}.ptx").write_text((compiled / "kernel.ptx").read_text())
-    nvdisasm = pathlib.Path(ptxas_for(capability_of(arch))).with_name("nvdisasm")
-    if nvdisasm.exists():
-        sass = subprocess.run(
-            [str(nvdisasm), "-c", str(compiled / "kernel.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        (folder / f"{stem}.sass").write_text(sass)
+    text = sass(compiled, arch)
+    if text is not None:
+        (folder / f"{stem}.sass").write_text(text)
+
+
+def multiply_add_loops(text: str) -> list[tuple[int, int]]:
+    """The loops of a kernel's SASS ``text`` that multiply and add, in order, as
+    (instructions, float32 multiply-adds) of one pass of each: a loop runs from
+    the label a conditional branch jumps back to, through that branch."""
+    labels: dict[str, int] = {}
+    instructions: list[tuple[int, str]] = []
+    pending = None
+    for line in text.splitlines():
+        label = SASS_LABEL.match(line)
+        if label:
+            pending = label.group(1)
+            continue
+        found = SASS_INSTRUCTION.search(line)
+        if found:
+            address = int(found.group(1), 16)
+            instructions.append((address, found.group(2)))
+            if pending is not None:
+                labels[pending], pending = address, None
+    loops = []
+    for address, instruction in instructions:
+        branch = SASS_BRANCH.match(instruction)
+        if branch and labels.get(branch.group(1), address) < address:
+            start = labels[branch.group(1)]
+            body = [op for at, op in instructions if start <= at <= address]
+            fmas = sum(re.search(r"\bFFMA\b", op) is not None for op in body)
+            if fmas:
+                loops.append((len(body), fmas))
+    return loops
 
 
 def access_widths(ptx: str, access: re.Pattern[str] = GLOBAL_LOAD) -> str:
@@ -373,16 +422,22 @@ def main() -> None:
         metavar="DIR",
         help="write each kernel's PTX and SASS to this folder",
     )
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="each multiply-add loop's instructions and multiply-adds, from the SASS",
+    )
     args = parser.parse_args()
     try:
         import triton
     except ImportError:
         raise SystemExit("kernel_report.py needs the triton package: pip install triton") from None
+    loops_column = " loop instructions / multiply-adds |" if args.loops else ""
     print(
         "| case | kernel | registers | spilled bytes | shared bytes | global loads "
-        "| global stores | programs | per SM | waves |"
+        f"| global stores | programs | per SM | waves |{loops_column}"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.loops else ""))
     if args.train_step:
         steps = [("U-Net step, batch 64 of 128x128", train_step())]
     else:
@@ -416,10 +471,15 @@ def main() -> None:
                 compiling += r["seconds"]
                 per_sm = resident(r["registers"], kernel.options["num_warps"], r["shared"])
                 waves = kernel.programs / (per_sm * args.sms)
+                loops = ""
+                if args.loops:
+                    text = sass(pathlib.Path(tmp), args.arch)
+                    found = multiply_add_loops(text) if text is not None else []
+                    loops = " " + ", ".join(f"{n} / {f}" for n, f in found) + " |"
                 print(
                     f"| {case} | {kernel.name} | {r['registers']} | {r['spilled']} "
                     f"| {r['shared']} | {r['loads']} | {r['stores']} "
-                    f"| {kernel.programs} | {per_sm} | {waves:.2f} |",
+                    f"| {kernel.programs} | {per_sm} | {waves:.2f} |{loops}",
                     flush=True,
                 )
     print(

@@ -265,6 +265,32 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     assert "ZeroDivisionError" in tune.render([row])
 
 
+def test_kernel_report_counts_the_multiply_add_loops_of_sass(monkeypatch):
+    """``kernel_report.py --loops`` reads each loop of a kernel's SASS from the
+    label a conditional branch jumps back to through that branch: its
+    instructions and float32 multiply-adds (predicated ones too). A loop without
+    multiply-adds, and a branch forward, are no such loop."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*0020*/                   FFMA R6, R4, R5, R6 ;
+        /*0030*/               @P1 FFMA R7, R4, R5, R7 ;
+        /*0040*/                   IADD3 R2, R2, 0x8, RZ ;
+        /*0050*/               @P0 BRA `(.L_x_0) ;
+        /*0060*/               @P2 BRA `(.L_x_2) ;
+.L_x_1:
+        /*0070*/                   IADD3 R8, R8, 0x1, RZ ;
+        /*0080*/              @!P3 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0090*/                   EXIT ;
+"""
+    assert kernel_report.multiply_add_loops(sass) == [(5, 2)]
+
+
 def test_kernel_report_reads_access_widths_and_occupancy(monkeypatch):
     """What ``benchmarks/kernel_report.py`` reads from a compiled kernel, checked
     on known inputs (compiling needs the optional ``triton`` package; this does not)."""
