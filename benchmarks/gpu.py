@@ -37,7 +37,8 @@ writes as JSON):
    backward (in the layout's memory format), against the copy roofline.
 6. The example U-Net's training step at batch 64 of 128x128, jaxgrad against stock
    ops; and jaxgrad with its resampling in "xla", which says whether the
-   default's choice pays in a step.
+   default's choice pays in a step, and with its depthwise kernels walking their
+   columns (a launch option no cut sets until a GPU has timed it).
 
 Times are medians over rounds of 10 back-to-back calls followed by one sync, so
 launch gaps overlap as they do in a training loop; the implementations of one case
@@ -78,6 +79,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import jaxgrad  # noqa: E402
+from jaxgrad._depthwise import _pallas as depthwise_kernels  # noqa: E402
 
 
 def x64(enabled: bool) -> contextlib.AbstractContextManager[Any]:
@@ -710,14 +712,36 @@ def resampling_in_xla(unet: Any) -> Any:
     )
 
 
+def compiled_with_columns_walked(fn: Callable, *args: Any) -> Callable[[], Any]:
+    """``fn(*args)`` compiled with the depthwise kernels walking their rows'
+    columns wherever they can (``_Launch.walk_columns``). JAX's caches are
+    cleared on both sides, so that no trace outlives the launch it was made
+    under."""
+    chosen = depthwise_kernels._launch
+
+    def walking(*launch_args: Any) -> Any:
+        return dataclasses.replace(chosen(*launch_args), walk_columns=True)
+
+    jax.clear_caches()
+    try:
+        depthwise_kernels._launch = walking
+        compiled = jax.jit(fn).lower(*args).compile()
+    finally:
+        depthwise_kernels._launch = chosen
+        jax.clear_caches()
+    return partial(compiled, *args)
+
+
 def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
-    """The U-Net step with jaxgrad's ops and with stock ones; and with jaxgrad's
-    resampling in "xla", which says whether the default's choice pays."""
+    """The U-Net step with jaxgrad's ops and with stock ones; with jaxgrad's
+    resampling in "xla", which says whether the default's choice pays; and with
+    the depthwise kernels walking their columns."""
     import unet
 
     params = unet.init_params(jax.random.key(0))
     noisy, clean = unet.make_batch(jax.random.key(1), batch, size)
     opt = unet.adam_init(params)
+    walked = compiled_with_columns_walked(unet.train_step, params, opt, noisy, clean)
     calls = {}
     variants = {
         "jaxgrad": unet.JAXGRAD,
@@ -727,11 +751,13 @@ def train_step(rounds: int, batch: int = 64, size: int = 128) -> dict:
     for name, ops in variants.items():
         step = jax.jit(lambda p, o, x, y, ops=ops: unet.train_step(p, o, x, y, ops))
         calls[name] = partial(step, params, opt, noisy, clean)
+    calls["jaxgrad, columns walked"] = walked
     ms = rounds_ms(calls, rounds)
     print(
         f"  batch {batch} of {size}x{size}: jaxgrad {ms['jaxgrad']:.2f} ms, "
         f"stock {ms['stock']:.2f} ms, speed-up {ms['stock'] / ms['jaxgrad']:.2f}x; "
-        f"resampling in xla {ms['jaxgrad, resample xla']:.2f} ms"
+        f"resampling in xla {ms['jaxgrad, resample xla']:.2f} ms; "
+        f"columns walked {ms['jaxgrad, columns walked']:.2f} ms"
     )
     return dict(batch=batch, size=size, **ms)
 
@@ -1050,6 +1076,11 @@ def render(results: dict) -> str:
             f"jaxgrad {t['jaxgrad']:.2f} ms, stock {t['stock']:.2f} ms "
             f'({t["stock"] / t["jaxgrad"]:.2f}x); with the resampling in "xla" '
             f"{t['jaxgrad, resample xla']:.2f} ms"
+            + (  # runs since the walks
+                f", with the depthwise columns walked {t['jaxgrad, columns walked']:.2f} ms"
+                if "jaxgrad, columns walked" in t
+                else ""
+            )
             + (  # earlier runs, with one kernel for both gradients
                 f", with one kernel per depthwise gradient {t['jaxgrad, two kernels']:.2f} ms."
                 if "jaxgrad, two kernels" in t

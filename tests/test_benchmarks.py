@@ -23,6 +23,7 @@ from helpers import (
     run_script,
 )
 
+import jaxgrad
 from jaxgrad import _implementation
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
@@ -543,6 +544,32 @@ def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
         "| c | NHWC | bfloat16 | forward | 1.000 | 2.000 |  | 2.000 | 1.000 |  | 2.00 | 2.00 |"
         in table
     )
+
+
+@needs_kernels
+def test_gpu_benchmark_compiles_a_step_with_the_columns_walked(monkeypatch):
+    """The U-Net step's variant with the depthwise kernels walking their columns
+    is compiled under that launch, and only it: the library's launches are back
+    once it is compiled, and its result is the tiled kernels' to rounding."""
+    from unittest import mock
+
+    from jaxgrad._depthwise import _pallas
+
+    gpu = gpu_to_narrow(monkeypatch)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 6, 20, 8)), jnp.float32)
+    f = jnp.asarray(rng.normal(size=(3, 3, 8, 1)), jnp.float32)
+
+    def conv(x, f):
+        return jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation="pallas")
+
+    chosen = _pallas._launch
+    walk = mock.patch.object(_pallas, "_walk_forward_kernel", wraps=_pallas._walk_forward_kernel)
+    with walk as walked:
+        call = gpu.compiled_with_columns_walked(conv, x, f)
+    assert walked.call_count > 0
+    assert _pallas._launch is chosen
+    np.testing.assert_allclose(np.asarray(call()), np.asarray(conv(x, f)), rtol=1e-6, atol=1e-6)
 
 
 def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch):
