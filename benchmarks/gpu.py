@@ -68,6 +68,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -712,22 +713,27 @@ def resampling_in_xla(unet: Any) -> Any:
     )
 
 
+def launches_with(module: Any, fields: dict[str, Any]) -> Any:
+    """A patch that gives every kernel of ``module`` (a family's ``_pallas``) the
+    launch it picks, with ``fields`` replaced."""
+    chosen = module._launch
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    return mock.patch.object(module, "_launch", launch)
+
+
 def compiled_with_columns_walked(fn: Callable, *args: Any) -> Callable[[], Any]:
     """``fn(*args)`` compiled with the depthwise kernels walking their rows'
     columns wherever they can (``_Launch.walk_columns``). JAX's caches are
     cleared on both sides, so that no trace outlives the launch it was made
     under."""
-    chosen = depthwise_kernels._launch
-
-    def walking(*launch_args: Any) -> Any:
-        return dataclasses.replace(chosen(*launch_args), walk_columns=True)
-
     jax.clear_caches()
     try:
-        depthwise_kernels._launch = walking
-        compiled = jax.jit(fn).lower(*args).compile()
+        with launches_with(depthwise_kernels, {"walk_columns": True}):
+            compiled = jax.jit(fn).lower(*args).compile()
     finally:
-        depthwise_kernels._launch = chosen
         jax.clear_caches()
     return partial(compiled, *args)
 

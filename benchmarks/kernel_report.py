@@ -70,9 +70,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 from unittest import mock
 
+import gpu
 import jax
 import jax.numpy as jnp
 
@@ -246,17 +246,6 @@ def train_step(batch: int = 64, size: int = 128):
         return unet.train_step(params, opt, noisy, clean, unet.JAXGRAD)
 
     return step, *jax.eval_shape(init)
-
-
-def launches_with(module: Any, fields: dict[str, Any]) -> Any:
-    """A patch that gives every kernel of ``module`` (a family's ``_pallas``) the
-    launch it picks, with ``fields`` replaced."""
-    chosen = module._launch
-
-    def launch(*args: Any, **kwargs: Any) -> Any:
-        return dataclasses.replace(chosen(*args, **kwargs), **fields)
-
-    return mock.patch.object(module, "_launch", launch)
 
 
 def capability_of(arch: str) -> int:
@@ -457,7 +446,7 @@ def main() -> None:
         resample_options = {name: True for name, on in resample_options.items() if on}
         for module, fields in ((depthwise_kernels, imposed), (resample_kernels, resample_options)):
             if fields:
-                patches.enter_context(launches_with(module, fields))
+                patches.enter_context(gpu.launches_with(module, fields))
         for case, (fn, *fn_args) in steps:
             start = time.perf_counter()
             modules = triton_modules(fn, *fn_args, capability=capability_of(args.arch))

@@ -730,6 +730,22 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     return walk
 
 
+def _chosen(
+    conv: Conv,
+    interpret: bool,
+    kernel: str,
+    tiled: Callable[..., None],
+    walked: Callable[..., None],
+) -> tuple[_Launch, Callable[..., None], tuple[int, int, int]]:
+    """``kernel``'s launch, kernel function and grid: the column walk (``walked``)
+    where its launch asks for one and one applies, else the tiled ``tiled``."""
+    launch = _launch(conv, interpret, kernel)
+    if _walks_columns(conv, launch, kernel):
+        launch = _walk_launch(conv, launch, kernel)
+        return launch, walked, _walk_grid(conv, launch, kernel)
+    return launch, tiled, _grid(conv, launch, kernel)
+
+
 def _walk_grid(conv: Conv, launch: _Launch, kernel: str) -> tuple[int, int, int]:
     """A walk's programs: images x row blocks, channel blocks, and segments of
     the row's columns."""
@@ -984,11 +1000,9 @@ def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.A
     empty = _empty(conv, conv.output_shape, x.dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret, "forward")
-    kernel, grid = _forward_kernel, _grid(conv, launch, "forward")
-    if _walks_columns(conv, launch, "forward"):
-        launch = _walk_launch(conv, launch, "forward")
-        kernel, grid = _walk_forward_kernel, _walk_grid(conv, launch, "forward")
+    launch, kernel, grid = _chosen(
+        conv, interpret, "forward", _forward_kernel, _walk_forward_kernel
+    )
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     return launch.call(
@@ -1238,11 +1252,7 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) 
     empty = _empty(conv, conv.input_shape, dy.dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret, "input")
-    kernel, grid = _input_kernel, _grid(conv, launch, "input")
-    if _walks_columns(conv, launch, "input"):
-        launch = _walk_launch(conv, launch, "input")
-        kernel, grid = _walk_input_kernel, _walk_grid(conv, launch, "input")
+    launch, kernel, grid = _chosen(conv, interpret, "input", _input_kernel, _walk_input_kernel)
     fh, fw = conv.kernel
     return launch.call(
         functools.partial(kernel, conv=conv),
@@ -1486,11 +1496,9 @@ def filter_gradient(
     empty = _empty(conv, conv.filter_shape, out_dtype)
     if empty is not None:
         return empty
-    launch = _launch(conv, interpret, "filter")
-    kernel, grid = _partials_kernel, _grid(conv, launch, "filter")
-    if _walks_columns(conv, launch, "filter"):
-        launch = _walk_launch(conv, launch, "filter")
-        kernel, grid = _walk_partials_kernel, _walk_grid(conv, launch, "filter")
+    launch, kernel, grid = _chosen(
+        conv, interpret, "filter", _partials_kernel, _walk_partials_kernel
+    )
     fh, fw = conv.kernel
     channels = conv.channels * conv.multiplier
     # One partial per tap and channel from each block of rows (and a walk's
