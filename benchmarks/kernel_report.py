@@ -48,9 +48,10 @@ code the GPU runs (disassembled with the ``nvdisasm`` Triton ships): where a
 loop issues its loads against its products, say, which the PTX does not fix.
 ``--loops`` adds a column with each loop of a kernel's SASS that multiplies and
 adds: its instructions and its float32 multiply-adds (``384 / 216``), one pass
-of the loop's body. Their ratio is what a kernel issues for each multiply-add
-where the loop is most of its work; bounded by issue rather than memory, the
-kernel's time follows it.
+of the loop's body with every branch inside it taken (a pass that skips one, as
+a resample row with a tap missing does, issues fewer). Their ratio is what a
+kernel issues for each multiply-add where the loop is most of its work; bounded
+by issue rather than memory, the kernel's time follows it.
 
 ``--train-step`` reports instead the kernels of the example U-Net's training step
 (batch 64 of 128x128, jaxgrad's default implementation, as benchmarks/gpu.py
@@ -135,7 +136,7 @@ GLOBAL_STORE = re.compile(GLOBAL_ACCESS.format("st"))
 # nvdisasm's SASS: a label line, and an instruction line with its address.
 SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
 SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-SASS_BRANCH = re.compile(r"^@!?U?P\w+\s+BRA\s+`\((\.L_x_\d+)\)")
+SASS_BRANCH = re.compile(r"^(?:@!?U?P\w+\s+)?BRA\s+`\((\.L_x_\d+)\)")
 
 # What one streaming multiprocessor of an H100 holds at once (CUDA's occupancy
 # rules for compute capability 9.0), and how many an H100 SXM has.
@@ -333,7 +334,9 @@ def dump(compiled: pathlib.Path, folder: pathlib.Path, name: str, arch: str) -> 
 def multiply_add_loops(text: str) -> list[tuple[int, int]]:
     """The loops of a kernel's SASS ``text`` that multiply and add, in order, as
     (instructions, float32 multiply-adds) of one pass of each: a loop runs from
-    the label a conditional branch jumps back to, through that branch."""
+    the label a branch jumps back to, through that branch (a loop that leaves by a
+    conditional exit jumps back unconditionally), and counts every instruction
+    between, whichever branches inside it a pass takes."""
     labels: dict[str, int] = {}
     instructions: list[tuple[int, str]] = []
     pending = None

@@ -268,9 +268,10 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
 
 def test_kernel_report_counts_the_multiply_add_loops_of_sass(monkeypatch):
     """``kernel_report.py --loops`` reads each loop of a kernel's SASS from the
-    label a conditional branch jumps back to through that branch: its
-    instructions and float32 multiply-adds (predicated ones too). A loop without
-    multiply-adds, and a branch forward, are no such loop."""
+    label a branch jumps back to through that branch: its instructions and
+    float32 multiply-adds (predicated ones too), whichever branches inside it a
+    pass takes. A loop without multiply-adds, a branch forward, and the trap
+    that jumps to itself after the exit are no such loop."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import kernel_report
 
@@ -287,9 +288,17 @@ def test_kernel_report_counts_the_multiply_add_loops_of_sass(monkeypatch):
         /*0070*/                   IADD3 R8, R8, 0x1, RZ ;
         /*0080*/              @!P3 BRA `(.L_x_1) ;
 .L_x_2:
-        /*0090*/                   EXIT ;
+        /*0090*/                   LDG.E R4, desc[UR4][R2.64] ;
+        /*00a0*/              @!P4 BRA `(.L_x_3) ;
+        /*00b0*/                   FFMA R6, R4, R5, R6 ;
+.L_x_3:
+        /*00c0*/                   IADD3 R2, R2, 0x4, RZ ;
+        /*00d0*/              @!P5 EXIT ;
+        /*00e0*/                   BRA `(.L_x_2) ;
+.L_x_4:
+        /*00f0*/                   BRA `(.L_x_4);
 """
-    assert kernel_report.multiply_add_loops(sass) == [(5, 2)]
+    assert kernel_report.multiply_add_loops(sass) == [(5, 2), (6, 1)]
 
 
 def test_kernel_report_reads_access_widths_and_occupancy(monkeypatch):

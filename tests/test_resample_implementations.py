@@ -294,6 +294,33 @@ def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
 
 
 @needs_kernels
+@pytest.mark.parametrize("launches", LAUNCH_OPTIONS)
+def test_kernel_does_not_read_rows_of_missing_taps(launches):
+    # Rows sampled exactly on input rows have one linear tap, and rows of the
+    # gradient that no output reads have none: a missing row tap reads no row (one
+    # row at a time) or reads one inside the input and drops it (the rows
+    # together). An infinity in the first row, where a missing tap's row index is
+    # clipped to, reaches only the results whose sums read it: never a NaN.
+    kw = dict(mode="linear", input_pixel_offsets=0, output_pixel_offsets=0)
+    x = np.ones((3, 4))
+    x[0, 0] = np.inf
+    dy = np.ones((2, 8))
+    dy[0, 0] = np.inf
+    with launches_with(**launches):
+        y = jaxgrad.resample(jnp.asarray(x), (1.0, 2.0), **kw, **KERNEL)
+        dx = jaxgrad.resample_grad(jnp.asarray(dy), (4, 4), (0.5, 2.0), **kw, **KERNEL)
+    assert not np.isnan(y).any() and not np.isnan(dx).any()
+    np.testing.assert_array_equal(y[0], [np.inf, np.inf, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(y[1:], 1)
+    np.testing.assert_array_equal(dx[1::2], 0)  # inputs no output reads
+    portable = dict(implementation="xla")
+    np.testing.assert_array_equal(y, jaxgrad.resample(jnp.asarray(x), (1.0, 2.0), **kw, **portable))
+    np.testing.assert_array_equal(
+        dx, jaxgrad.resample_grad(jnp.asarray(dy), (4, 4), (0.5, 2.0), **kw, **portable)
+    )
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.bool_, jnp.bfloat16])
 def test_kernel_launch_options_move_nearest_values_exactly(dtype):
     # Under either option a nearest forward still moves values as they are, in any

@@ -168,15 +168,17 @@ def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
     return _Pairs(outputs, inputs, pattern, tuple(head + tail))
 
 
-def _sum(count: int, term: Callable[[Any], jax.Array], zero: jax.Array) -> jax.Array:
-    """``term(0) + term(1) + ...`` for ``count`` terms, in that order: unrolled for a
+def _accumulate(
+    count: int, add: Callable[[Any, jax.Array], jax.Array], start: jax.Array
+) -> jax.Array:
+    """``add(count - 1, ... add(1, add(0, start)))``, taps in order: unrolled for a
     few, a loop for many."""
     if count <= _MAX_UNROLLED_TAPS:
-        total = zero
+        total = start
         for t in range(count):
-            total = total + term(t)
+            total = add(t, total)
         return total
-    looped: jax.Array = lax.fori_loop(0, count, lambda t, acc: acc + term(t), zero)
+    looped: jax.Array = lax.fori_loop(0, count, add, start)
     return looped
 
 
@@ -229,34 +231,41 @@ def _kernel(
         return jnp.broadcast_to(values, lead)[:, None] if together else values
 
     def tile_at(
-        row_ok: Any, lane_index: jax.Array, lanes_ok: jax.Array, store: bool = False
+        lane_index: jax.Array, lanes_ok: jax.Array, rows_ok: Any = True, store: bool = False
     ) -> tuple[tuple[Any, ...], jax.Array]:
         """A tile's index past its row (columns ``lane_index``, channels) and its
-        mask: the row or rows ``row_ok`` at the columns ``lanes_ok``."""
+        mask: the columns ``lanes_ok`` of the row or rows ``rows_ok``."""
         if flat:
-            return (per_lane(lane_index), 0), per_row(row_ok) & per_lane(lanes_ok)
+            return (per_lane(lane_index), 0), per_row(rows_ok) & per_lane(lanes_ok)
         chan_index = launch.index(chans, channels, store=store)
-        inside = (row_ok & lanes_ok)[:, None] & chans_inside[None, :]
+        inside = (rows_ok & lanes_ok)[:, None] & chans_inside[None, :]
         return (lane_index[:, None], chan_index[None, :]), inside
 
     def zeros(lanes: int) -> jax.Array:
         return jnp.zeros((*lead, lanes) if flat else (lanes, launch.channels), dtype)
 
-    def read(in_row: Any, row_ok: Any, in_cols: jax.Array, lanes_ok: jax.Array) -> jax.Array:
+    def read(in_row: Any, in_cols: jax.Array, lanes_ok: jax.Array | None = None) -> jax.Array:
         """The tile of input row(s) ``in_row`` at the columns ``in_cols``; zero where
-        a tap is missing or a lane is not ``lanes_ok``."""
-        where, inside = tile_at(row_ok, launch.index(in_cols, cols_in), (in_cols >= 0) & lanes_ok)
+        a column tap is missing (-1) or a lane is not ``lanes_ok``.
+
+        The mask is the columns' alone: a load's mask costs instructions for every
+        element it gathers, and the rows need none. Every row read lies inside the
+        input (``in_row`` is clipped into it), and a row read for nothing (a missing
+        row tap, or an output row past the last) has its term dropped by the caller.
+        """
+        lanes_ok = in_cols >= 0 if lanes_ok is None else (in_cols >= 0) & lanes_ok
+        where, inside = tile_at(launch.index(in_cols, cols_in), lanes_ok)
         index = (b, per_row(jnp.clip(in_row, 0, rows_in - 1)), *where)
         return plgpu.load(x_ref.at[index], mask=inside, other=0).astype(dtype)
 
-    def read_one(in_row: Any, row_ok: Any, in_col: int) -> jax.Array:
+    def read_one(in_row: Any, in_col: int) -> jax.Array:
         """Input row ``in_row`` at column ``in_col``, as a tile of one lane."""
-        return read(in_row, row_ok, jnp.full((1,), in_col, jnp.int32), jnp.full((1,), True))
+        return read(in_row, jnp.full((1,), in_col, jnp.int32))
 
-    def tabled(lanes: jax.Array, inside: jax.Array) -> Callable[[Any, Any], jax.Array]:
+    def tabled(lanes: jax.Array, inside: jax.Array) -> Callable[[Any], jax.Array]:
         """The column sum of the output columns ``lanes`` (those ``inside`` the
-        output) of an input row, read through the column table: ``columns(in_row,
-        row_ok)``, a tile."""
+        output) of an input row, read through the column table: ``columns(in_row)``,
+        a tile. A lane outside the output finds every tap missing."""
         lane_index = launch.index(lanes, cols_out)
 
         def load_col_tap(t: Any) -> tuple[jax.Array, jax.Array]:
@@ -274,19 +283,19 @@ def _kernel(
         else:
             col_tap = load_col_tap
 
-        def columns(in_row: Any, row_ok: Any) -> jax.Array:
+        def columns(in_row: Any) -> jax.Array:
             if exact:  # one tap, weight 1: move the value
-                return read(in_row, row_ok, col_tap(0)[0], inside)
+                return read(in_row, col_tap(0)[0])
 
-            def col_term(u: Any) -> jax.Array:
+            def add_col_tap(u: Any, total: jax.Array) -> jax.Array:
                 index, weight = col_tap(u)
-                return read(in_row, row_ok, index, inside) * per_lane(weight)
+                return total + read(in_row, index) * per_lane(weight)
 
-            return _sum(col_taps, col_term, zeros(lanes.shape[0]))
+            return _accumulate(col_taps, add_col_tap, zeros(lanes.shape[0]))
 
         return columns
 
-    def paired(in_row: Any, row_ok: Any) -> jax.Array:
+    def paired(in_row: Any) -> jax.Array:
         """The column sum of the tile's columns by the pattern of ``pairs``. Its
         inputs are read as contiguous runs, each once (in vectors where a run
         starts on one): with two outputs a lane, a run ``x[m + offset]`` serves
@@ -305,7 +314,7 @@ def _kernel(
         group = _kernels.thread_columns(elements, pairs.inputs * lanes, launch.warps, x_ref.dtype)
 
         def read_run(in_cols: jax.Array) -> jax.Array:
-            return read(in_row, row_ok, in_cols, in_cols < cols_in)
+            return read(in_row, in_cols, in_cols < cols_in)
 
         def run(offset: int) -> jax.Array:
             """``x[inputs * m + offset]`` for the tile's lanes ``m``."""
@@ -336,7 +345,7 @@ def _kernel(
             tile = sums[0]
         else:
             tile = jnp.stack(sums, axis=-1).reshape(*lead, launch.cols)
-        element = functools.partial(read_one, in_row, row_ok)
+        element = functools.partial(read_one, in_row)
         for col, taps in pairs.edges:
             tile = jnp.where(per_lane(cols) == col, summed(taps, element, 1), tile)
         return tile
@@ -360,7 +369,7 @@ def _kernel(
             """Flat row tap ``t``: the input row, whether every axis has the tap,
             and the product of the axes' weights."""
             in_row: Any = 0
-            ok: Any = o < rows_out
+            ok: Any = True
             weight: Any = 1
             for (index_ref, weight_ref), (size_in, _), out_index, taps in zip(
                 row_tables, row_axes, out_indices, row_taps, strict=True
@@ -372,21 +381,36 @@ def _kernel(
                 weight = weight * plgpu.load(weight_ref.at[out_index, tap])
             return in_row, ok, weight
 
-        def row_sum(columns: Callable[[Any, Any], jax.Array], lanes: int) -> jax.Array:
-            """The output row at ``lanes`` columns: the row taps' column sums."""
-            if exact:  # one tap per axis, weight 1: move the value
-                in_row, ok, _ = row_tap(0)
-                return columns(in_row, ok)
+        taps = 1 if exact else math.prod(row_taps)
+        # A few taps' rows and weights are read before the first tap's columns, so
+        # that a row waits on its table reads once, not once a tap: the branches
+        # below keep the compiler from moving these loads up itself.
+        preloaded = [row_tap(t) for t in range(taps)] if taps <= _MAX_UNROLLED_TAPS else None
 
-            def row_term(t: Any) -> jax.Array:
-                in_row, ok, row_weight = row_tap(t)
-                return columns(in_row, ok) * per_row(jnp.asarray(row_weight, dtype))
+        def add_row_tap(t: Any, total: jax.Array) -> jax.Array:
+            """``total`` plus row tap ``t``'s column sum times its weight. A missing
+            tap adds nothing, and reads nothing: one row at a time it is a branch
+            (the same way for every thread of a program); with the rows together,
+            where the rows differ, its row is read, one inside the input, and its
+            sum dropped (an infinity there times the weight 0 would be NaN)."""
+            in_row, ok, row_weight = row_tap(t) if preloaded is None else preloaded[t]
 
-            return _sum(math.prod(row_taps), row_term, zeros(lanes))
+            def added(total: jax.Array) -> jax.Array:
+                term = columns(in_row)
+                if together:
+                    term = jnp.where(per_row(ok), term, jnp.zeros_like(term))
+                if exact:  # one tap per axis, weight 1: move the value
+                    return term
+                return total + term * per_row(jnp.asarray(row_weight, dtype))
 
-        total = row_sum(columns, launch.cols)
+            if together or not row_tables:  # rows differ, or no row axes
+                return added(total)
+            kept: jax.Array = lax.cond(ok, added, lambda total: total, total)
+            return kept
+
+        total = _accumulate(taps, add_row_tap, zeros(launch.cols))
         lane_index = launch.index(cols, cols_out, store=True)
-        where, inside = tile_at(o < rows_out, lane_index, cols_inside, store=True)
+        where, inside = tile_at(lane_index, cols_inside, o < rows_out, store=True)
         index = (b, per_row(jnp.minimum(o, rows_out)), *where)
         plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
 
