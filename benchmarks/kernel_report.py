@@ -4,7 +4,8 @@
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
                                        [--walk-columns]
-                                       [--paired] [--rows-together] [--dump DIR]
+                                       [--paired] [--rows-together] [--row-pattern]
+                                       [--dump DIR]
                                        [--loops]
 
 Lowers every kernel of the benchmark cases for CUDA (the Triton IR JAX would hand
@@ -42,6 +43,10 @@ output columns, or every output two input columns, in pairs
 contiguous run of inputs, loaded in vectors where it starts on one, in place of
 a gather per output. ``--rows-together`` gives each resample program of one
 channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
+``--row-pattern`` gives each resample program of one row axis that repeats a
+block of whole periods whose input rows are each read once
+(``_Launch.row_pattern``); the kernel keeps the row loop for the blocks at the
+axis's ends, so the report counts both.
 
 ``--dump DIR`` writes each kernel's PTX to ``DIR``, and its SASS, the machine
 code the GPU runs (disassembled with the ``nvdisasm`` Triton ships): where a
@@ -410,6 +415,11 @@ def main() -> None:
         help="the resample kernel's programs hold their rows as one tile (one channel only)",
     )
     parser.add_argument(
+        "--row-pattern",
+        action="store_true",
+        help="the resample kernel reads the rows of a repeating row axis in blocks of periods",
+    )
+    parser.add_argument(
         "--dump",
         metavar="DIR",
         help="write each kernel's PTX and SASS to this folder",
@@ -445,7 +455,11 @@ def main() -> None:
             imposed["read_ahead"] = True
         if args.walk_columns:
             imposed["walk_columns"] = True
-        resample_options = {"paired": args.paired, "rows_together": args.rows_together}
+        resample_options = {
+            "paired": args.paired,
+            "rows_together": args.rows_together,
+            "row_pattern": args.row_pattern,
+        }
         resample_options = {name: True for name, on in resample_options.items() if on}
         for module, fields in ((depthwise_kernels, imposed), (resample_kernels, resample_options)):
             if fields:

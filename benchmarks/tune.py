@@ -31,7 +31,9 @@ resample kernel, whether it reads a last axis that repeats every two output
 columns or every output two input columns (NCHW's 2x and 0.5x and their
 gradients) as contiguous runs instead of a gather per tap (``paired``;
 elsewhere the same program), then whether a program of one channel holds its
-rows as one tile (``rows_together``);
+rows as one tile (``rows_together``), then whether a program of one row at a
+time takes whole periods of a row axis that repeats and reads each input row
+its rows share once (``row_pattern``; the rows then round up to whole periods);
 the tile (each side halved, kept or doubled) together with the warps (2, 4, 8),
 since their ratio sets each thread's share of the tile and so its registers;
 then the rows (a quarter to four times). A coordinate search: about 42 compiles
@@ -100,9 +102,10 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # rows' columns (a long loop, few loads a multiply-add), and the channels of a walk's
 # tile (more make fewer rows a program); whether the resample kernel
 # reads a last axis that repeats every two columns in pairs (contiguous runs in place
-# of gathers), and whether its programs hold their rows as one tile (loads of all rows
-# in flight at once); the tile and the warps together (their ratio is the elements
-# each thread holds, hence its registers); then the rows.
+# of gathers), whether its programs hold their rows as one tile (loads of all rows
+# in flight at once), and whether they read the input rows a repeating row axis's
+# rows share once (fewer gathers); the tile and the warps together (their ratio is
+# the elements each thread holds, hence its registers); then the rows.
 GROUPS = (
     "taps",
     "rows kept",
@@ -114,6 +117,7 @@ GROUPS = (
     "walk tile",
     "column pairs",
     "rows together",
+    "row pattern",
     "tile and warps",
     "rows",
 )
@@ -157,6 +161,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "walk_channels",
         "paired",
         "rows_together",
+        "row_pattern",
     )
     return {name: getattr(launch, name) for name in names if hasattr(launch, name)}
 
@@ -193,6 +198,9 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
     elif group == "rows together":
         together = "rows_together" in best
         options = [{"rows_together": t} for t in (False, True)] if together else [{}]
+    elif group == "row pattern":
+        pattern = "row_pattern" in best
+        options = [{"row_pattern": p} for p in (False, True)] if pattern else [{}]
     elif group == "tile and warps":
         scales = (0.5, 1, 2)
         options = [
@@ -222,6 +230,7 @@ def label(fields: dict[str, int]) -> str:
     kept += walk if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""
+    kept += ", rows by their pattern" if fields.get("row_pattern") else ""
     taps = f", taps {fields['taps']}" if "taps" in fields else ""
     return f"tile {tile}, rows {fields['rows']}, warps {fields['warps']}{kept}{taps}"
 

@@ -98,7 +98,7 @@ def test_tune_smoke(tmp_path, monkeypatch):
         # different: the patch took effect. A walk's tile is searched only where
         # walking was the faster in the group before it.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        assert len(groups) == {"depthwise": 9, "resample": 4}[row["family"]]
+        assert len(groups) == {"depthwise": 9, "resample": 5}[row["family"]]
         walks = {launch["walk_channels"] for launch in launches if launch.get("walk_columns")}
         tile_searched = len(walks) > 1
         distinct = {tuple(sorted(launch.items())) for launch in launches}

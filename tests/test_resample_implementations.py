@@ -374,6 +374,131 @@ def test_columns_are_read_in_pairs_where_they_repeat_every_two():
     assert not _pallas._pairs(last_axis_plan(8, 40, 2.0, True, False), channels=1)
 
 
+@st.composite
+def row_pattern_configs(draw):
+    """Configs of one resampled row axis, long enough for blocks of whole periods
+    inside its pattern, and a resampled column axis (the last, or channels after
+    it); any offsets, rounding and mode."""
+    batch, rows = draw(st.integers(1, 2)), draw(st.integers(12, 40))
+    cols = draw(st.integers(1, 9))
+    channels = draw(st.sampled_from([(), (3,)]))
+    in_shape = (batch, rows, cols, *channels)
+    scales = (
+        1.0,
+        draw(st.sampled_from([2.0, 0.5, 1.7, 1.3, 3.0, 2.5, 0.75])),
+        draw(st.sampled_from([2.0, 0.5, 1.7])),
+        *(1.0 for _ in channels),
+    )
+    offset = st.one_of(
+        st.integers(-8, 8).map(lambda k: k / 8),
+        st.floats(-1.0, 1.0).filter(lambda v: abs(v) > 1e-6),
+    )
+    rank = len(in_shape)
+    out_shape = tuple(max(1, math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True))
+    if draw(st.booleans()):  # a row axis longer or shorter than the scale says
+        out_shape = (batch, max(1, out_shape[1] + draw(st.integers(-2, 2))), *out_shape[2:])
+    return dict(
+        in_shape=in_shape,
+        out_shape=out_shape,
+        scales=scales,
+        a=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        b=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        mode=draw(st.sampled_from(["nearest", "linear"])),
+        rounding=draw(st.sampled_from(["half_up", "down", "up"])),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(row_pattern_configs(), st.integers(1, 8), st.booleans())
+def test_row_pattern_reads_the_rows_the_tables_list(c, rows, transpose):
+    # A block of whole periods starting at a multiple of the period, inside the
+    # rows that follow the pattern, reads for each of its rows the inputs and
+    # weights the axis's listed table gives that row, in the same order.
+    axis = _plan.Axis(
+        c["in_shape"][1],
+        c["out_shape"][1],
+        _plan.Affine(c["scales"][1], c["a"][1], c["b"][1]),
+        c["mode"] == "linear",
+        c["rounding"],
+    )
+    plan = _plan.plan(axis, transpose)
+    pattern = _pallas._row_pattern(plan, rows)
+    if pattern is None:
+        assert not plan.period or plan.period * -(-rows // plan.period) > 32
+        return
+    block = len(pattern.taps)
+    assert block % plan.period == 0 and block >= rows
+    listed = plan.listed()
+    for start in range(0, plan.n_rows - block + 1, block):
+        if start < pattern.first or start + block > pattern.stop:
+            continue
+        base = start // pattern.period * pattern.shift
+        for r, taps in enumerate(pattern.taps):
+            valid = listed.valid[start + r]
+            assert [base + offset for offset, _ in taps] == list(listed.index[start + r][valid])
+            assert [weight for _, weight in taps] == list(listed.weights[start + r][valid])
+
+
+# Each example compiles a new interpreted kernel.
+@needs_kernels
+@settings(max_examples=10, deadline=None)
+@given(row_pattern_configs(), st.integers(0, 2**31 - 1), st.booleans())
+def test_kernel_reading_rows_by_their_pattern_matches_reference(c, seed, paired):
+    with launches_with(row_pattern=True, paired=paired):
+        assert_kernel_matches_references(c, seed)
+
+
+@needs_kernels
+def test_kernel_reading_rows_by_their_pattern_reaches_only_the_results_that_read_an_infinity():
+    # Inside the pattern an input row is read once for every output row that reads
+    # it: an infinity in it reaches exactly the results whose sums read it (inf,
+    # not NaN), those the reference gives a weight, as through the tables.
+    c = dict(in_shape=(2, 40, 6), out_shape=(2, 68, 12), scales=(1, 1.7, 2.0), a=0.5, b=-0.5)
+    c.update(mode="linear", rounding="half_up")
+    x, dy = np.ones(c["in_shape"]), np.ones(c["out_shape"])
+    at_x, at_dy = (1, 17, 2), (0, 30, 5)
+    x[at_x], dy[at_dy] = np.inf, -np.inf
+    results = {}
+    for pattern in (False, True):
+        with launches_with(row_pattern=pattern):
+            results[pattern] = both_ways(
+                jnp.asarray(x), jnp.asarray(dy), c["in_shape"], c["scales"], **kwargs(c)
+            )
+    one_x, one_dy = np.zeros(c["in_shape"]), np.zeros(c["out_shape"])
+    one_x[at_x] = one_dy[at_dy] = 1
+    reached = (
+        reference_resample(one_x, c["out_shape"], *ref_args(c)) != 0,
+        reference_resample_grad(one_dy, c["in_shape"], *ref_args(c)) != 0,
+    )
+    for by_pattern, by_table, want in zip(results[True], results[False], reached, strict=True):
+        assert want.sum() >= 2 and not np.isnan(by_pattern).any()
+        np.testing.assert_array_equal(np.isinf(by_pattern), want)
+        np.testing.assert_allclose(by_pattern, by_table, rtol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("shape", "scales"),
+    [((2, 3, 64, 64), (1, 1, 1.7, 1.7)), ((2, 64, 64, 8), (1, 2, 2, 1))],
+    ids=["NCHW 1.7x", "NHWC 2x"],
+)
+def test_kernel_reading_rows_by_their_pattern_lowers_for_cuda(shape, scales):
+    # The block's branch and its straight-line rows lower for CUDA, beside the row
+    # loop through the tables, forward and gradient.
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    out_shape = jax.eval_shape(lambda x: jaxgrad.resample(x, scales, **KERNEL), x).shape
+    dy = jax.ShapeDtypeStruct(out_shape, jnp.bfloat16)
+    ops = [
+        (lambda x: jaxgrad.resample(x, scales, mode="linear", **KERNEL), x),
+        (lambda dy: jaxgrad.resample_grad(dy, shape, scales, mode="linear", **KERNEL), dy),
+    ]
+    for op, operand in ops:
+        table = lowered_text(op, operand, platform="cuda")
+        with launches_with(row_pattern=True):
+            text = lowered_text(op, operand, platform="cuda")
+        assert text.count(TRITON_CALL) == 1 and text != table
+
+
 @needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_launch_options_lower_for_cuda(mode):

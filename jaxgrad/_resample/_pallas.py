@@ -99,6 +99,11 @@ class _Launch:
     # issued together, instead of one row after another; for short rows (a 3-D
     # volume's 128 columns), whose programs otherwise hold one element a thread.
     rows_together: bool = False
+    # With one row axis that repeats (``_row_pattern``), one row at a time: a
+    # program's rows as a block of whole periods, which reads each input row its
+    # rows share once and sums it into every row that reads it, where the block
+    # lies inside the pattern; blocks at the axis's ends go through the tables.
+    row_pattern: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
         """``lanes`` as indices into an axis of ``size``, for a masked access."""
@@ -135,6 +140,47 @@ class _Pairs:
 # The most columns at an axis's ends that break its pattern for it to be read in
 # pairs: each is read on its own and merged into its tile, in every row.
 _MAX_EDGES = 8
+# The most rows a program's block of whole periods takes to follow a row pattern.
+_MAX_PATTERN_ROWS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowPattern:
+    """A row axis's pattern as a program's block of rows reads it. The block
+    starts at a multiple ``start`` of ``period``; its row ``r`` (output row
+    ``start + r``) is the sum of ``weight * columns(start // period * shift +
+    offset)`` over the ``(offset, weight)`` of ``taps[r]``, in order, for every
+    block inside the rows ``first .. stop`` that follow the pattern."""
+
+    period: int
+    shift: int
+    first: int
+    stop: int
+    taps: tuple[_Taps, ...]
+
+
+def _row_pattern(plan: _plan.Plan, rows: int) -> _RowPattern | None:
+    """The pattern of a program's block of at least ``rows`` rows of ``plan``, a
+    whole number of periods; or None where the axis has no pattern, or whose
+    periods are too long for a block."""
+    if not plan.period or plan.stop <= plan.first:
+        return None
+    period, shift = plan.period, plan.shift
+    block = period * -(-rows // period)
+    if block > _MAX_PATTERN_ROWS:
+        return None
+    taps = []
+    for r in range(block):
+        # Row start + r is pattern row j of period k = start // period + periods.
+        periods, j = divmod(r - plan.first, period)
+        taps.append(
+            tuple(
+                (int(plan.pattern.index[j, t]) + periods * shift, float(plan.pattern.weights[j, t]))
+                for t in range(plan.pattern.width)
+                if plan.pattern.valid[j, t]
+            )
+        )
+    return _RowPattern(period, shift, plan.first, plan.stop, tuple(taps))
 
 
 def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
@@ -188,6 +234,7 @@ def _kernel(
     exact: bool,
     launch: _Launch,
     pairs: _Pairs | None,
+    row_pattern: _RowPattern | None,
 ) -> None:
     """One program: ``launch.rows`` output rows of a block of columns and channels.
 
@@ -195,7 +242,9 @@ def _kernel(
     row axis and one for the column axis, then the output ``[B, R_out, W_out, C]``.
     ``row_axes``: the (input, output) length of each row axis, whose products are
     ``R_in`` and ``R_out``. ``pairs``: how to read the columns in pairs, or None
-    to read them through the column table.
+    to read them through the column table. ``row_pattern``: how a block of rows
+    inside the pattern of the one row axis reads its rows, or None to read every
+    block's rows through the row table.
     """
     x_ref, *table_refs, out_ref = refs
     row_tables = [tuple(table_refs[2 * a : 2 * a + 2]) for a in range(len(row_axes))]
@@ -408,16 +457,50 @@ def _kernel(
             kept: jax.Array = lax.cond(ok, added, lambda total: total, total)
             return kept
 
-        total = _accumulate(taps, add_row_tap, zeros(launch.cols))
+        store(o, _accumulate(taps, add_row_tap, zeros(launch.cols)))
+
+    def store(o: Any, total: jax.Array) -> None:
+        """Stores output row ``o`` (or rows), where it is inside the output."""
         lane_index = launch.index(cols, cols_out, store=True)
         where, inside = tile_at(lane_index, cols_inside, o < rows_out, store=True)
         index = (b, per_row(jnp.minimum(o, rows_out)), *where)
         plgpu.store(out_ref.at[index], total.astype(out_ref.dtype), mask=inside)
 
-    if together:
-        output_rows(first + jnp.arange(launch.rows, dtype=jnp.int32))
+    def rows_by_table() -> None:
+        if together:
+            output_rows(first + jnp.arange(launch.rows, dtype=jnp.int32))
+        else:
+            lax.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
+
+    def rows_by_pattern(pattern: _RowPattern) -> None:
+        """The block's rows, all inside the pattern: each input row they read is
+        read once, in order, and summed into every row that reads it; a row is
+        stored after its last tap. Each row's sum is the table's, tap for tap."""
+        base = first // pattern.period * pattern.shift
+        totals = [zeros(launch.cols) for _ in pattern.taps]
+        last = {r: taps[-1][0] for r, taps in enumerate(pattern.taps) if taps}
+        for r in range(len(pattern.taps)):
+            if r not in last:  # no input reaches it
+                store(first + r, totals[r])
+        for offset in sorted({offset for taps in pattern.taps for offset, _ in taps}):
+            summed = columns(base + offset)
+            for r, taps in enumerate(pattern.taps):
+                for tap_offset, weight in taps:
+                    if tap_offset != offset:
+                        continue
+                    if exact:  # one tap, weight 1: move the value
+                        totals[r] = summed
+                    else:
+                        totals[r] = totals[r] + summed * jnp.asarray(weight, dtype)
+                if last.get(r) == offset:
+                    store(first + r, totals[r])
+
+    if row_pattern is None:
+        rows_by_table()
     else:
-        lax.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
+        inside = (first >= row_pattern.first) & (first + launch.rows <= row_pattern.stop)
+        pl.when(inside)(functools.partial(rows_by_pattern, row_pattern))
+        pl.when(~inside)(rows_by_table)
 
 
 def _view(shape: tuple[int, ...], first: int, last: int) -> tuple[int, int, int, int]:
@@ -560,6 +643,11 @@ def apply(
     launch = _launch(view_out, interpret)
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
+    row_pattern = None
+    if launch.row_pattern and len(work.plans) == 2 and not launch.rows_together:
+        row_pattern = _row_pattern(work.plans[0], launch.rows)
+        if row_pattern is not None:  # a program's rows: a block of whole periods
+            launch = dataclasses.replace(launch, rows=len(row_pattern.taps))
     params = None
     if not interpret:
         params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
@@ -570,6 +658,7 @@ def apply(
             exact=work.exact,
             launch=launch,
             pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and pairable else None,
+            row_pattern=row_pattern,
         ),
         out_shape=_kernels.varying_as(
             jax.ShapeDtypeStruct(view_out, source),  # type: ignore[no-untyped-call]
