@@ -299,8 +299,8 @@ def _kernel(
 
         The mask is the columns' alone: a load's mask costs instructions for every
         element it gathers, and the rows need none. Every row read lies inside the
-        input (``in_row`` is clipped into it), and a row read for nothing (a missing
-        row tap, or an output row past the last) has its term dropped by the caller.
+        input (``in_row`` is clipped into it); the caller drops the sum of a row read
+        for a missing row tap, and stores nothing past the output's last row.
         """
         lanes_ok = in_cols >= 0 if lanes_ok is None else (in_cols >= 0) & lanes_ok
         where, inside = tile_at(launch.index(in_cols, cols_in), lanes_ok)
@@ -478,6 +478,7 @@ def _kernel(
         stored after its last tap. Each row's sum is the table's, tap for tap."""
         base = first // pattern.period * pattern.shift
         totals = [zeros(launch.cols) for _ in pattern.taps]
+        # A row's taps read increasing input rows, as the tables list them.
         last = {r: taps[-1][0] for r, taps in enumerate(pattern.taps) if taps}
         for r in range(len(pattern.taps)):
             if r not in last:  # no input reaches it
