@@ -225,6 +225,32 @@ def launches_with(**fields):
         jax.clear_caches()
 
 
+def drawn_config(draw, in_shape, scales, longer_axis):
+    """A config of ``in_shape`` and ``scales``, with the output the scales give,
+    or one with axis ``longer_axis`` longer or shorter than they say; any offsets,
+    mode and rounding. The offsets are eighths, where samples fall on pixels and
+    rounding ties, and others; not ones so small that float64 loses them beside a
+    coordinate (the library computes such coordinates exactly, the reference
+    rounds them away)."""
+    rank = len(in_shape)
+    offset = st.one_of(
+        st.integers(-8, 8).map(lambda k: k / 8),
+        st.floats(-1.0, 1.0).filter(lambda v: abs(v) > 1e-6),
+    )
+    out_shape = [max(1, math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True)]
+    if draw(st.booleans()):
+        out_shape[longer_axis] = max(1, out_shape[longer_axis] + draw(st.integers(-2, 2)))
+    return dict(
+        in_shape=in_shape,
+        out_shape=tuple(out_shape),
+        scales=scales,
+        a=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        b=draw(st.lists(offset, min_size=rank, max_size=rank)),
+        mode=draw(st.sampled_from(["nearest", "linear"])),
+        rounding=draw(st.sampled_from(["half_up", "down", "up"])),
+    )
+
+
 @st.composite
 def last_axis_configs(draw):
     """Configs whose last axis is scaled by 2 or 0.5 (read in pairs, forward and
@@ -234,25 +260,7 @@ def last_axis_configs(draw):
     in_shape += (draw(st.integers(1, 24)),)
     scales = (*(draw(st.sampled_from([1.0, 2.0, 0.5])) for _ in in_shape[:-1]),)
     scales += (draw(st.sampled_from([2.0, 0.5])),)
-    # Offsets of eighths, where samples fall on pixels and rounding ties, and others;
-    # not ones so small that float64 loses them beside a coordinate (the library
-    # computes such coordinates exactly, the reference rounds them away).
-    offset = st.one_of(
-        st.integers(-8, 8).map(lambda k: k / 8),
-        st.floats(-1.0, 1.0).filter(lambda v: abs(v) > 1e-6),
-    )
-    out_shape = tuple(max(1, math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True))
-    if draw(st.booleans()):  # a last axis longer or shorter than the scale says
-        out_shape = (*out_shape[:-1], max(1, out_shape[-1] + draw(st.integers(-2, 2))))
-    return dict(
-        in_shape=in_shape,
-        out_shape=out_shape,
-        scales=scales,
-        a=draw(st.lists(offset, min_size=rank, max_size=rank)),
-        b=draw(st.lists(offset, min_size=rank, max_size=rank)),
-        mode=draw(st.sampled_from(["nearest", "linear"])),
-        rounding=draw(st.sampled_from(["half_up", "down", "up"])),
-    )
+    return drawn_config(draw, in_shape, scales, longer_axis=-1)
 
 
 @needs_kernels
@@ -379,33 +387,14 @@ def row_pattern_configs(draw):
     """Configs of one resampled row axis, long enough for blocks of whole periods
     inside its pattern, and a resampled column axis (the last, or channels after
     it); any offsets, rounding and mode."""
-    batch, rows = draw(st.integers(1, 2)), draw(st.integers(12, 40))
-    cols = draw(st.integers(1, 9))
     channels = draw(st.sampled_from([(), (3,)]))
-    in_shape = (batch, rows, cols, *channels)
+    in_shape = (draw(st.integers(1, 2)), draw(st.integers(12, 40)), draw(st.integers(1, 9)))
     scales = (
         1.0,
         draw(st.sampled_from([2.0, 0.5, 1.7, 1.3, 3.0, 2.5, 0.75])),
         draw(st.sampled_from([2.0, 0.5, 1.7])),
-        *(1.0 for _ in channels),
     )
-    offset = st.one_of(
-        st.integers(-8, 8).map(lambda k: k / 8),
-        st.floats(-1.0, 1.0).filter(lambda v: abs(v) > 1e-6),
-    )
-    rank = len(in_shape)
-    out_shape = tuple(max(1, math.floor(n * s)) for n, s in zip(in_shape, scales, strict=True))
-    if draw(st.booleans()):  # a row axis longer or shorter than the scale says
-        out_shape = (batch, max(1, out_shape[1] + draw(st.integers(-2, 2))), *out_shape[2:])
-    return dict(
-        in_shape=in_shape,
-        out_shape=out_shape,
-        scales=scales,
-        a=draw(st.lists(offset, min_size=rank, max_size=rank)),
-        b=draw(st.lists(offset, min_size=rank, max_size=rank)),
-        mode=draw(st.sampled_from(["nearest", "linear"])),
-        rounding=draw(st.sampled_from(["half_up", "down", "up"])),
-    )
+    return drawn_config(draw, in_shape + channels, scales + (1.0,) * len(channels), longer_axis=1)
 
 
 @settings(max_examples=200, deadline=None)
