@@ -43,10 +43,10 @@ output columns, or every output two input columns, in pairs
 contiguous run of inputs, loaded in vectors where it starts on one, in place of
 a gather per output. ``--rows-together`` gives each resample program of one
 channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
-``--row-pattern`` gives each resample program of one row axis that repeats a
-block of whole periods whose input rows are each read once
-(``_Launch.row_pattern``); the kernel keeps the row loop for the blocks at the
-axis's ends, so the report counts both.
+``--row-pattern`` gives each resample program whose last row axis repeats a
+block of whole periods of it whose input rows are each read once, for each tap
+of the row axes before (``_Launch.row_pattern``); the kernel keeps the row loop
+for the blocks at the axis's ends, so the report counts both.
 
 ``--dump DIR`` writes each kernel's PTX to ``DIR``, and its SASS, the machine
 code the GPU runs (disassembled with the ``nvdisasm`` Triton ships): where a

@@ -32,13 +32,13 @@ columns or every output two input columns (NCHW's 2x and 0.5x and their
 gradients) as contiguous runs instead of a gather per tap (``paired``;
 elsewhere the same program), then whether a program of one channel holds its
 rows as one tile (``rows_together``), then whether a program of one row at a
-time takes whole periods of a row axis that repeats and reads each input row
-its rows share once (``row_pattern``; the rows then round up to whole periods);
-the tile (each side halved, kept or doubled) together with the warps (2, 4, 8),
-since their ratio sets each thread's share of the tile and so its registers;
-then the rows (a quarter to four times). A coordinate search: about 42 compiles
-per depthwise op (a walk's tile included) instead of every combination's
-116640. Every case of both families is well over two thousand compiles, so pick
+time takes whole periods of its last row axis where it repeats and reads each
+input row its rows share once (``row_pattern``; the rows then round up to whole
+periods); the tile (each side halved, kept or doubled) together with the warps
+(1, 2, 4, 8), since their ratio sets each thread's share of the tile and so its
+registers; then the rows (a quarter to four times). A coordinate search: about
+51 compiles per depthwise op (a walk's tile included) instead of every
+combination's 155520. Every case of both families is well over two thousand compiles, so pick
 cases with ``--cases`` and ``--ops``
 (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``), and groups with
 ``--groups``: ``--groups "read ahead"`` times the current launch against the one
@@ -121,7 +121,9 @@ GROUPS = (
     "tile and warps",
     "rows",
 )
-WARPS = (2, 4, 8)
+# One warp: a resample tile of 128 columns (the 3-D volume's rows) holds one
+# element a thread on four.
+WARPS = (1, 2, 4, 8)
 
 
 # --------------------------------------------------------------------------------------

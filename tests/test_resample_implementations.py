@@ -20,7 +20,7 @@ from helpers import (
     needs_kernels,
     transformed,
 )
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 from test_resample import (
@@ -384,17 +384,24 @@ def test_columns_are_read_in_pairs_where_they_repeat_every_two():
 
 @st.composite
 def row_pattern_configs(draw):
-    """Configs of one resampled row axis, long enough for blocks of whole periods
-    inside its pattern, and a resampled column axis (the last, or channels after
-    it); any offsets, rounding and mode."""
+    """Configs of a resampled row axis long enough for blocks of whole periods
+    inside its pattern (``row_axis``), after none or one other row axis, and a
+    resampled column axis (the last, or channels after it); any offsets, rounding
+    and mode."""
+    outer = draw(st.sampled_from([(), (3,)]))
     channels = draw(st.sampled_from([(), (3,)]))
-    in_shape = (draw(st.integers(1, 2)), draw(st.integers(12, 40)), draw(st.integers(1, 9)))
+    in_shape = (draw(st.integers(1, 2)), *outer, draw(st.integers(12, 40)), draw(st.integers(1, 9)))
     scales = (
         1.0,
+        *(draw(st.sampled_from([2.0, 0.5, 1.7])) for _ in outer),
         draw(st.sampled_from([2.0, 0.5, 1.7, 1.3, 3.0, 2.5, 0.75])),
         draw(st.sampled_from([2.0, 0.5, 1.7])),
     )
-    return drawn_config(draw, in_shape + channels, scales + (1.0,) * len(channels), longer_axis=1)
+    row_axis = 1 + len(outer)
+    c = drawn_config(
+        draw, in_shape + channels, scales + (1.0,) * len(channels), longer_axis=row_axis
+    )
+    return {**c, "row_axis": row_axis}
 
 
 @settings(max_examples=200, deadline=None)
@@ -403,10 +410,11 @@ def test_row_pattern_reads_the_rows_the_tables_list(c, rows, transpose):
     # A block of whole periods starting at a multiple of the period, inside the
     # rows that follow the pattern, reads for each of its rows the inputs and
     # weights the axis's listed table gives that row, in the same order.
+    d = c["row_axis"]
     axis = _plan.Axis(
-        c["in_shape"][1],
-        c["out_shape"][1],
-        _plan.Affine(c["scales"][1], c["a"][1], c["b"][1]),
+        c["in_shape"][d],
+        c["out_shape"][d],
+        _plan.Affine(c["scales"][d], c["a"][d], c["b"][d]),
         c["mode"] == "linear",
         c["rounding"],
     )
@@ -432,27 +440,63 @@ def test_row_pattern_reads_the_rows_the_tables_list(c, rows, transpose):
 @needs_kernels
 @settings(max_examples=10, deadline=None)
 @given(row_pattern_configs(), st.integers(0, 2**31 - 1), st.booleans())
+@example(  # two linear row axes: the first's weights scale each row the block reads
+    c=dict(
+        in_shape=(2, 3, 40, 4, 3),
+        out_shape=(2, 5, 122, 8, 3),
+        scales=(1.0, 1.7, 3.0, 2.0, 1.0),
+        a=0.5,
+        b=-0.5,
+        mode="linear",
+        rounding="half_up",
+        row_axis=2,
+    ),
+    seed=1,
+    paired=False,
+)
 def test_kernel_reading_rows_by_their_pattern_matches_reference(c, seed, paired):
     with launches_with(row_pattern=True, paired=paired):
         assert_kernel_matches_references(c, seed)
 
 
 @needs_kernels
-def test_kernel_reading_rows_by_their_pattern_reaches_only_the_results_that_read_an_infinity():
+@pytest.mark.parametrize(
+    ("in_shape", "scales", "offsets", "at_x", "at_dy"),
+    [
+        ((2, 40, 6), (1, 1.7, 2.0), (0.5, -0.5), (1, 17, 2), (0, 30, 5)),
+        # Two row axes, sampled on input rows (offsets 0): the first's even rows
+        # have one tap, the other missing, and a missing tap's row would be clipped
+        # to the first input row, where the infinities are.
+        ((2, 4, 24, 6), (1, 2.0, 2.0, 2.0), (0, 0), (0, 0, 0, 0), (0, 0, 0, 1)),
+    ],
+    ids=["one row axis", "two row axes"],
+)
+def test_kernel_reading_rows_by_their_pattern_reaches_only_the_results_that_read_an_infinity(
+    in_shape, scales, offsets, at_x, at_dy
+):
     # Inside the pattern an input row is read once for every output row that reads
     # it: an infinity in it reaches exactly the results whose sums read it (inf,
     # not NaN), those the reference gives a weight, as through the tables.
-    c = dict(in_shape=(2, 40, 6), out_shape=(2, 68, 12), scales=(1, 1.7, 2.0), a=0.5, b=-0.5)
+    out_shape = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+    c = dict(in_shape=in_shape, out_shape=out_shape, scales=scales, a=offsets[0], b=offsets[1])
     c.update(mode="linear", rounding="half_up")
     x, dy = np.ones(c["in_shape"]), np.ones(c["out_shape"])
-    at_x, at_dy = (1, 17, 2), (0, 30, 5)
     x[at_x], dy[at_dy] = np.inf, -np.inf
-    results = {}
+    results, patterns, pattern_of = {}, [], _pallas._last_row_pattern
+
+    def recorded(*args):
+        patterns.append(pattern_of(*args))
+        return patterns[-1]
+
     for pattern in (False, True):
-        with launches_with(row_pattern=pattern):
+        with (
+            launches_with(row_pattern=pattern),
+            mock.patch.object(_pallas, "_last_row_pattern", recorded),
+        ):
             results[pattern] = both_ways(
                 jnp.asarray(x), jnp.asarray(dy), c["in_shape"], c["scales"], **kwargs(c)
             )
+    assert patterns and None not in patterns  # every kernel traced: forward and gradient
     one_x, one_dy = np.zeros(c["in_shape"]), np.zeros(c["out_shape"])
     one_x[at_x] = one_dy[at_dy] = 1
     reached = (
@@ -468,12 +512,17 @@ def test_kernel_reading_rows_by_their_pattern_reaches_only_the_results_that_read
 @needs_kernels
 @pytest.mark.parametrize(
     ("shape", "scales"),
-    [((2, 3, 64, 64), (1, 1, 1.7, 1.7)), ((2, 64, 64, 8), (1, 2, 2, 1))],
-    ids=["NCHW 1.7x", "NHWC 2x"],
+    [
+        ((2, 3, 64, 64), (1, 1, 1.7, 1.7)),
+        ((2, 64, 64, 8), (1, 2, 2, 1)),
+        ((1, 2, 16, 16, 16), (1, 1, 2, 2, 2)),
+    ],
+    ids=["NCHW 1.7x", "NHWC 2x", "NCDHW 2x"],
 )
 def test_kernel_reading_rows_by_their_pattern_lowers_for_cuda(shape, scales):
     # The block's branch and its straight-line rows lower for CUDA, beside the row
-    # loop through the tables, forward and gradient.
+    # loop through the tables, forward and gradient; with two row axes, the
+    # branches around the first axis's taps too.
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     out_shape = jax.eval_shape(lambda x: jaxgrad.resample(x, scales, **KERNEL), x).shape
     dy = jax.ShapeDtypeStruct(out_shape, jnp.bfloat16)

@@ -99,10 +99,11 @@ class _Launch:
     # issued together, instead of one row after another; for short rows (a 3-D
     # volume's 128 columns), whose programs otherwise hold one element a thread.
     rows_together: bool = False
-    # With one row axis that repeats (``_row_pattern``), one row at a time: a
-    # program's rows as a block of whole periods, which reads each input row its
-    # rows share once and sums it into every row that reads it, where the block
-    # lies inside the pattern; blocks at the axis's ends go through the tables.
+    # Where the last row axis repeats (``_row_pattern``), one row at a time: a
+    # program's rows as a block of whole periods of it, which reads each input row
+    # its rows share once (once for each tap of the row axes before it) and sums
+    # it into every row that reads it, where the block lies inside the pattern;
+    # blocks at the axis's ends go through the tables.
     row_pattern: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
@@ -181,6 +182,18 @@ def _row_pattern(plan: _plan.Plan, rows: int) -> _RowPattern | None:
             )
         )
     return _RowPattern(period, shift, plan.first, plan.stop, tuple(taps))
+
+
+def _last_row_pattern(work: _Work, rows: int) -> _RowPattern | None:
+    """The pattern of a program's block of at least ``rows`` rows of the last row
+    axis of ``work``, where it has one; or None. The taps of the row axes before
+    it are unrolled for each input row the block reads: a few at most."""
+    if len(work.plans) < 2:  # no row axis
+        return None
+    outer = work.plans[:-2]
+    if not work.exact and math.prod(plan.width for plan in outer) > _MAX_UNROLLED_TAPS:
+        return None
+    return _row_pattern(work.plans[-2], rows)
 
 
 def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
@@ -402,39 +415,51 @@ def _kernel(
     # Built outside the row loop: the column table's taps are loaded once.
     columns = paired if pairs else tabled(cols, cols_inside)
 
+    row_widths = [int(table[0].shape[1]) for table in row_tables]
+
+    def row_indices(o: Any, axes: range) -> list[Any]:
+        """The index along each row axis of ``axes`` of output row ``o``, counted in
+        those axes' output rows (the last varies fastest)."""
+        indices: list[Any] = []
+        for a in reversed(axes):
+            indices.insert(0, o % row_axes[a][1])
+            o = o // row_axes[a][1]
+        return indices
+
+    def row_tap(t: Any, axes: range, out_indices: list[Any]) -> tuple[Any, Any, Any]:
+        """Flat tap ``t`` of the row axes ``axes`` (the first axis's tap varies
+        fastest) at their output indices ``out_indices``: the input row, counted in
+        those axes' input rows; whether every axis has the tap; and the product of
+        the axes' weights."""
+        in_row: Any = 0
+        ok: Any = True
+        weight: Any = 1
+        for a, out_index in zip(axes, out_indices, strict=True):
+            (index_ref, weight_ref), width = row_tables[a], row_widths[a]
+            t, tap = t // width, jnp.asarray(t % width, jnp.int32)
+            index = plgpu.load(index_ref.at[out_index, tap])
+            in_row = in_row * row_axes[a][0] + index
+            ok = ok & (index >= 0)
+            weight = weight * plgpu.load(weight_ref.at[out_index, tap])
+        return in_row, ok, weight
+
+    def row_taps(axes: range) -> int:
+        """How many flat taps the row axes ``axes`` have (one tap each moves a value)."""
+        return 1 if exact else math.prod(row_widths[a] for a in axes)
+
     def output_rows(o: Any) -> None:
         """Computes and stores output row ``o``, or the rows ``o`` together."""
-        # The output row's index along each row axis (the last varies fastest).
         # Past the last row (a short last block) the tables are read at the last
         # row, inside them, and nothing is stored.
-        out_indices: list[Any] = []
-        rest = jnp.minimum(o, rows_out - 1)
-        for _, size in reversed(row_axes):
-            out_indices.insert(0, rest % size)
-            rest = rest // size
-        row_taps = [int(table[0].shape[1]) for table in row_tables]
-
-        def row_tap(t: Any) -> tuple[Any, Any, Any]:
-            """Flat row tap ``t``: the input row, whether every axis has the tap,
-            and the product of the axes' weights."""
-            in_row: Any = 0
-            ok: Any = True
-            weight: Any = 1
-            for (index_ref, weight_ref), (size_in, _), out_index, taps in zip(
-                row_tables, row_axes, out_indices, row_taps, strict=True
-            ):
-                t, tap = t // taps, jnp.asarray(t % taps, jnp.int32)
-                index = plgpu.load(index_ref.at[out_index, tap])
-                in_row = in_row * size_in + index
-                ok = ok & (index >= 0)
-                weight = weight * plgpu.load(weight_ref.at[out_index, tap])
-            return in_row, ok, weight
-
-        taps = 1 if exact else math.prod(row_taps)
+        every_axis = range(len(row_axes))
+        out_indices = row_indices(jnp.minimum(o, rows_out - 1), every_axis)
+        taps = row_taps(every_axis)
         # A few taps' rows and weights are read before the first tap's columns, so
         # that a row waits on its table reads once, not once a tap: the branches
         # below keep the compiler from moving these loads up itself.
-        preloaded = [row_tap(t) for t in range(taps)] if taps <= _MAX_UNROLLED_TAPS else None
+        preloaded = None
+        if taps <= _MAX_UNROLLED_TAPS:
+            preloaded = [row_tap(t, every_axis, out_indices) for t in range(taps)]
 
         def add_row_tap(t: Any, total: jax.Array) -> jax.Array:
             """``total`` plus row tap ``t``'s column sum times its weight. A missing
@@ -442,7 +467,10 @@ def _kernel(
             (the same way for every thread of a program); with the rows together,
             where the rows differ, its row is read, one inside the input, and its
             sum dropped (an infinity there times the weight 0 would be NaN)."""
-            in_row, ok, row_weight = row_tap(t) if preloaded is None else preloaded[t]
+            if preloaded is None:
+                in_row, ok, row_weight = row_tap(t, every_axis, out_indices)
+            else:
+                in_row, ok, row_weight = preloaded[t]
 
             def added(total: jax.Array) -> jax.Array:
                 term = columns(in_row)
@@ -472,11 +500,34 @@ def _kernel(
         else:
             lax.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
 
-    def rows_by_pattern(pattern: _RowPattern) -> None:
-        """The block's rows, all inside the pattern: each input row they read is
-        read once, in order, and summed into every row that reads it; a row is
-        stored after its last tap. Each row's sum is the table's, tap for tap."""
-        base = first // pattern.period * pattern.shift
+    def add_input_row(
+        sums: tuple[jax.Array, ...], in_row: Any, weights: list[list[float]], outer_weight: Any
+    ) -> tuple[jax.Array, ...]:
+        """``sums`` plus the column sum of input row ``in_row`` times ``outer_weight``
+        times each of the row's ``weights`` (a list for each sum), in order."""
+        summed = columns(in_row)
+        if exact:  # one tap, weight 1: move the value
+            return tuple(summed for _ in sums)
+        added = []
+        for total, row_weights in zip(sums, weights, strict=True):
+            for weight in row_weights:
+                total = total + summed * (outer_weight * jnp.asarray(weight, dtype))
+            added.append(total)
+        return tuple(added)
+
+    def rows_by_pattern(pattern: _RowPattern, outer: Any, inner_first: Any) -> None:
+        """The block's rows, all inside the pattern of the last row axis, at the
+        flat index ``outer`` along the row axes before it (if any), from row
+        ``inner_first`` of the last. Each input row of the last axis that they read
+        is read once, in order, for each tap of the axes before (a missing one is
+        a branch that reads nothing), and summed into every row that reads it; a
+        row is stored after its last tap. Each row's sum is the table's, tap for
+        tap: the last axis's taps are the flat taps' slowest digit."""
+        outer_axes = range(len(row_axes) - 1)
+        outer_indices = row_indices(outer, outer_axes)
+        outer_taps = [row_tap(u, outer_axes, outer_indices) for u in range(row_taps(outer_axes))]
+        inner_rows_in = row_axes[-1][0]
+        base = inner_first // pattern.period * pattern.shift
         totals = [zeros(launch.cols) for _ in pattern.taps]
         # A row's taps read increasing input rows, as the tables list them.
         last = {r: taps[-1][0] for r, taps in enumerate(pattern.taps) if taps}
@@ -484,23 +535,40 @@ def _kernel(
             if r not in last:  # no input reaches it
                 store(first + r, totals[r])
         for offset in sorted({offset for taps in pattern.taps for offset, _ in taps}):
-            summed = columns(base + offset)
-            for r, taps in enumerate(pattern.taps):
-                for tap_offset, weight in taps:
-                    if tap_offset != offset:
-                        continue
-                    if exact:  # one tap, weight 1: move the value
-                        totals[r] = summed
-                    else:
-                        totals[r] = totals[r] + summed * jnp.asarray(weight, dtype)
-                if last.get(r) == offset:
+            # The rows that read this input row, and the weights they read it with.
+            readers = {
+                r: [weight for tap_offset, weight in taps if tap_offset == offset]
+                for r, taps in enumerate(pattern.taps)
+            }
+            readers = {r: weights for r, weights in readers.items() if weights}
+            for outer_row, ok, outer_weight in outer_taps:
+                add = functools.partial(
+                    add_input_row,
+                    in_row=outer_row * inner_rows_in + base + offset,
+                    weights=list(readers.values()),
+                    outer_weight=outer_weight,
+                )
+                sums = tuple(totals[r] for r in readers)
+                sums = lax.cond(ok, add, lambda sums: sums, sums) if outer_axes else add(sums)
+                for r, total in zip(readers, sums, strict=True):
+                    totals[r] = total
+            for r in readers:
+                if last[r] == offset:
                     store(first + r, totals[r])
 
     if row_pattern is None:
         rows_by_table()
     else:
-        inside = (first >= row_pattern.first) & (first + launch.rows <= row_pattern.stop)
-        pl.when(inside)(functools.partial(rows_by_pattern, row_pattern))
+        # The block's first row along the last row axis, and its index along the
+        # axes before, whose blocks start at any row of the last axis, not only at
+        # a multiple of its period.
+        outer, inner_first = divmod(first, row_axes[-1][1]) if len(row_axes) > 1 else (0, first)
+        inside = (
+            (inner_first % row_pattern.period == 0)
+            & (inner_first >= row_pattern.first)
+            & (inner_first + launch.rows <= row_pattern.stop)
+        )
+        pl.when(inside)(functools.partial(rows_by_pattern, row_pattern, outer, inner_first))
         pl.when(~inside)(rows_by_table)
 
 
@@ -645,8 +713,8 @@ def apply(
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
     row_pattern = None
-    if launch.row_pattern and len(work.plans) == 2 and not launch.rows_together:
-        row_pattern = _row_pattern(work.plans[0], launch.rows)
+    if launch.row_pattern and not launch.rows_together:
+        row_pattern = _last_row_pattern(work, launch.rows)
         if row_pattern is not None:  # a program's rows: a block of whole periods
             launch = dataclasses.replace(launch, rows=len(row_pattern.taps))
     params = None
