@@ -38,8 +38,8 @@ periods); the tile (each side halved, kept or doubled) together with the warps
 (1, 2, 4, 8), since their ratio sets each thread's share of the tile and so its
 registers; then the rows (a quarter to four times). A coordinate search: about
 51 compiles per depthwise op (a walk's tile included) instead of every
-combination's 155520. Every case of both families is well over two thousand compiles, so pick
-cases with ``--cases`` and ``--ops``
+combination's 155520. Every case of both families is well over two thousand
+compiles, so pick cases with ``--cases`` and ``--ops``
 (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``), and groups with
 ``--groups``: ``--groups "read ahead"`` times the current launch against the one
 that differs in that option alone, two compiles per op, which is how to try an

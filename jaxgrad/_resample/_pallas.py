@@ -256,8 +256,8 @@ def _kernel(
     ``row_axes``: the (input, output) length of each row axis, whose products are
     ``R_in`` and ``R_out``. ``pairs``: how to read the columns in pairs, or None
     to read them through the column table. ``row_pattern``: how a block of rows
-    inside the pattern of the one row axis reads its rows, or None to read every
-    block's rows through the row table.
+    inside the pattern of the last row axis reads its rows, or None to read every
+    block's rows through the row tables.
     """
     x_ref, *table_refs, out_ref = refs
     row_tables = [tuple(table_refs[2 * a : 2 * a + 2]) for a in range(len(row_axes))]
