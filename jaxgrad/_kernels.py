@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxgrad import _sharding
 
@@ -43,6 +44,7 @@ __all__ = [
     "AVAILABLE",
     "aligned_run",
     "fewer_loads_aligned",
+    "fori_loop",
     "lanes",
     "masked_index",
     "pl",
@@ -80,6 +82,23 @@ def varying_as(out_shape: Any, operands: Sequence[jax.Array]) -> Any:
         return jax.ShapeDtypeStruct(struct.shape, struct.dtype, **kind)  # type: ignore[no-untyped-call]
 
     return tuple(map(typed, out_shape)) if isinstance(out_shape, tuple) else typed(out_shape)
+
+
+def fori_loop(lower: Any, upper: Any, body: Callable[[jax.Array, Any], Any], init: Any) -> Any:
+    """``lax.fori_loop(lower, upper, body, init)`` with an int32 index, for a kernel.
+
+    A loop over static bounds hands its body a weakly typed index, and arithmetic
+    on it with Python ints stays weakly typed. Pallas' Triton lowering gives a weakly
+    typed constant in a ``select`` the predicate's type, a bool, and
+    ``jnp.remainder`` selects its divisor: ``index % n`` then fails to lower for a
+    GPU, where interpret mode runs it. An int32 index lowers, and is what the
+    kernels' other indices are, whether or not 64-bit types are enabled.
+    """
+
+    def typed_body(index: jax.Array, carry: Any) -> Any:
+        return body(jnp.asarray(index, jnp.int32), carry)
+
+    return lax.fori_loop(lower, upper, typed_body, init)
 
 
 def lanes(block: Any, size: int) -> jax.Array:

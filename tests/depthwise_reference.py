@@ -119,11 +119,12 @@ def op_kwargs(cfg, data_format, four_ints=False):
 
 
 @st.composite
-def configs(draw, kernel=(1, 5), min_taps=1):
+def configs(draw, kernel=(1, 5), min_taps=1, sides=(1, 12), channels=(1, 4)):
     """Random op configurations; filter sides drawn from ``kernel``, with at least
-    ``min_taps`` taps."""
-    n, c, m = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
-    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    ``min_taps`` taps; the input's sides from ``sides`` and its channels from
+    ``channels``."""
+    n, c, m = draw(st.integers(1, 3)), draw(st.integers(*channels)), draw(st.integers(1, 3))
+    h, w = draw(st.integers(*sides)), draw(st.integers(*sides))
     fh, fw = draw(st.integers(*kernel)), draw(st.integers(*kernel))
     assume(fh * fw >= min_taps)
     strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))

@@ -18,6 +18,7 @@ from depthwise_reference import (
     from_nchw,
     make_cfg,
     op_kwargs,
+    out_shape,
     random_operands,
     ref_backprop_filter,
     ref_backprop_input,
@@ -1152,6 +1153,55 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     kernels = re.findall(r"_[a-z]+_kernel\b", text)
     assert text.count(TRITON_CALL) == 4
     assert set(kernels) == {"_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"}
+
+
+# The launches a GPU run may time (benchmarks/tune.py, benchmarks/compare.py): each
+# option the cuts leave off, on, and those they set, off.
+LOWERED_LAUNCHES = [
+    {},
+    {"reuse_rows": True},
+    {"read_ahead": True},
+    {"taps": 32, "reuse_rows": True},
+    {"walk_columns": True},
+    {"walk_columns": True, "walk_warps": 1},
+    {"reuse_rows": False, "wide_strided_reads": False},
+    {"aligned_reads": False, "wide_strided_writes": False},
+]
+
+
+# Lowering builds each kernel's Triton program without running it: cheap enough to
+# draw configurations at the sizes a GPU meets, where the tiles, walks and launches
+# take the shapes that tiny arrays never give them.
+@needs_kernels
+@settings(max_examples=20, deadline=None)
+@given(
+    configs(kernel=(1, 7), sides=(1, 140), channels=(1, 40)),
+    st.sampled_from(["NHWC", "NCHW"]),
+    st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]),
+    st.sampled_from(LOWERED_LAUNCHES),
+)
+def test_kernels_lower_for_cuda_in_every_configuration(cfg, data_format, dtype, fields):
+    layout = (lambda s: (s[0], s[3], s[1], s[2])) if data_format == "NCHW" else (lambda s: s)
+    x, f, dy = (
+        jax.ShapeDtypeStruct(shape, dtype)
+        for shape in (layout(cfg["x_shape"]), cfg["f_shape"], layout(out_shape(cfg)))
+    )
+    forward = three_ops(cfg, data_format, implementation="pallas")["forward"]
+
+    def forward_and_backward(x, f, dy):
+        y, vjp = jax.vjp(forward, x, f)
+        return y, vjp(dy)
+
+    chosen = _pallas._launch
+
+    def launch(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    jax.clear_caches()
+    with mock.patch.object(_pallas, "_launch", launch):
+        text = lowered_text(forward_and_backward, x, f, dy, platform="cuda")
+    jax.clear_caches()
+    assert text.count(TRITON_CALL) == 4  # the forward, the input gradient, the partials, their sum
 
 
 @needs_kernels

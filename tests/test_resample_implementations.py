@@ -537,6 +537,67 @@ def test_kernel_reading_rows_by_their_pattern_lowers_for_cuda(shape, scales):
         assert text.count(TRITON_CALL) == 1 and text != table
 
 
+# Every launch option a GPU run may time (benchmarks/tune.py, benchmarks/compare.py).
+LOWERED_OPTIONS = [*LAUNCH_OPTIONS, {"row_pattern": True}, {"warps": 1}]
+
+
+# Lowering builds each kernel's Triton program, as a GPU run would, without running
+# it: cheap enough to draw from the reference tests' whole space of configurations.
+@needs_kernels
+@settings(max_examples=25, deadline=None)
+@given(configs(), st.sampled_from([jnp.float32, jnp.bfloat16]), st.sampled_from(LOWERED_OPTIONS))
+def test_kernel_lowers_for_cuda_in_every_configuration(c, dtype, fields):
+    x = jax.ShapeDtypeStruct(c["in_shape"], dtype)
+    dy = jax.ShapeDtypeStruct(c["out_shape"], dtype)
+    ops = [
+        (
+            lambda x: jaxgrad.resample(
+                x, c["scales"], output_shape=c["out_shape"], **kwargs(c), **KERNEL
+            ),
+            x,
+        ),
+        (
+            lambda dy: jaxgrad.resample_grad(dy, c["in_shape"], c["scales"], **kwargs(c), **KERNEL),
+            dy,
+        ),
+    ]
+    for op, operand in ops:
+        with launches_with(**fields):
+            calls = lowered_text(op, operand, platform="cuda").count(TRITON_CALL)
+        # One kernel, or none where the map is the identity (the same shape in and out).
+        assert calls == 1 or (calls == 0 and c["in_shape"] == c["out_shape"])
+
+
+@needs_kernels
+@pytest.mark.parametrize("fields", LOWERED_OPTIONS, ids=lambda f: "+".join(f) or "default")
+def test_kernel_summing_row_taps_in_a_loop_lowers_for_cuda(fields):
+    # More row taps than the kernel unrolls are summed in a loop whose index is
+    # divided and taken modulo each row axis's taps. The gradient of a 4x linear
+    # channels-last volume has 9 taps along each of its three row axes; an NCHW
+    # image with the input pixel offset 0 has two along its batch and channel axes,
+    # and 9 along its rows at 4x (36 in all).
+    volume = jax.ShapeDtypeStruct((2, 64, 64, 64, 8), jnp.bfloat16)
+    image = jax.ShapeDtypeStruct((2, 16, 128, 128), jnp.float32)
+    ops = [
+        (
+            lambda dy: jaxgrad.resample_grad(
+                dy, (2, 16, 16, 16, 8), (1, 4, 4, 4, 1), mode="linear", **KERNEL
+            ),
+            volume,
+        ),
+        (
+            lambda dy: jaxgrad.resample_grad(
+                dy, (2, 16, 32, 32), (1, 1, 4, 4), mode="linear", input_pixel_offsets=0.0, **KERNEL
+            ),
+            image,
+        ),
+    ]
+    for op, operand in ops:
+        with launches_with(**fields):
+            text = lowered_text(op, operand, platform="cuda")
+        assert text.count(TRITON_CALL) == 1
+
+
 @needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_launch_options_lower_for_cuda(mode):

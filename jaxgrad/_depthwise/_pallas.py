@@ -476,7 +476,7 @@ class _Taps:
     def sum_over_filter_rows(self, body: Callable[[Any, _Sums], _Sums], total: _Sums) -> _Sums:
         """``total = body(di, total)`` for the filter rows ``di`` in order, in a
         loop (the taps are loaded where they are used, not unrolled)."""
-        return lax.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
+        return _kernels.fori_loop(0, self._rows, body, total)  # type: ignore[no-any-return]
 
 
 def _row_loop(
@@ -519,7 +519,7 @@ def _row_loop(
         return [item(j) for j in kept], following, carry
 
     first = [reads[k](0) for k in own]
-    _, _, carry = lax.fori_loop(0, rows, step, ([before_first[j] for j in kept], first, carry))
+    _, _, carry = _kernels.fori_loop(0, rows, step, ([before_first[j] for j in kept], first, carry))
     return carry
 
 
@@ -818,7 +818,7 @@ def _walk(
         return carry
 
     if iterations:
-        carry = lax.fori_loop(0, iterations, iteration, carry)
+        carry = _kernels.fori_loop(0, iterations, iteration, carry)
     for t in range(looped.start + iterations * per_iteration, steps):
         carry = step(t, carry, True)
     return carry
@@ -878,7 +878,7 @@ def _forward_kernel(x_ref: Any, f_ref: Any, y_ref: Any, *, conv: Conv, launch: _
         _write(y_ref, conv, launch, n, i, out_cols, out_chans, total)
         return carry
 
-    lax.fori_loop(0, launch.rows, row, None)
+    _kernels.fori_loop(0, launch.rows, row, None)
 
 
 def _walk_sums(
@@ -1239,7 +1239,7 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
             write(p, taps.sum_over_filter_rows(filter_row, [zeros] * len(phases)))
             return carry
 
-        lax.fori_loop(0, launch.rows, row, None)
+        _kernels.fori_loop(0, launch.rows, row, None)
 
     if _writes_column_pairs(conv, launch):
         phases_rows((0, 1))
@@ -1339,15 +1339,15 @@ def _partials_kernel(
                 tile_reads = reads(c)
                 return add_row(r, lambda k: tile_reads[k](r), sums)
 
-            return lax.fori_loop(0, col_tiles, col_tile, sums)  # type: ignore[no-any-return]
+            return _kernels.fori_loop(0, col_tiles, col_tile, sums)  # type: ignore[no-any-return]
 
         zeros = (jnp.zeros((launch.cols, launch.channels), dtype),) * (stop - start)
         if launch.reuse_rows:
             # Rows kept in registers are shared down a column tile, so the loop
             # over a tile's rows runs inside the loop over the tiles.
-            sums = lax.fori_loop(0, col_tiles, rows_of_col_tile, zeros)
+            sums = _kernels.fori_loop(0, col_tiles, rows_of_col_tile, zeros)
         else:
-            sums = lax.fori_loop(0, launch.rows, col_tiles_of_row, zeros)
+            sums = _kernels.fori_loop(0, launch.rows, col_tiles_of_row, zeros)
         _store_partials(part_ref, launch, program, range(start, stop), out_chans, sums)
 
     if len(groups) == 1:
@@ -1479,7 +1479,7 @@ def _sum_kernel(part_ref: Any, out_ref: Any, *, block: tuple[int, int], launch: 
 
     blocks = pl.cdiv(programs, block_rows)
     zeros = jnp.zeros(block, part_ref.dtype)
-    total = jnp.sum(lax.fori_loop(0, blocks, add_block, zeros), axis=0)
+    total = jnp.sum(_kernels.fori_loop(0, blocks, add_block, zeros), axis=0)
     plgpu.store(
         out_ref.at[launch.index(lanes, size, store=True)],
         total.astype(out_ref.dtype),

@@ -237,7 +237,7 @@ def _accumulate(
         for t in range(count):
             total = add(t, total)
         return total
-    looped: jax.Array = lax.fori_loop(0, count, add, start)
+    looped: jax.Array = _kernels.fori_loop(0, count, add, start)
     return looped
 
 
@@ -498,7 +498,7 @@ def _kernel(
         if together:
             output_rows(first + jnp.arange(launch.rows, dtype=jnp.int32))
         else:
-            lax.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
+            _kernels.fori_loop(0, launch.rows, lambda r, carry: output_rows(first + r), None)
 
     def add_input_row(
         sums: tuple[jax.Array, ...], in_row: Any, weights: list[list[float]], outer_weight: Any
