@@ -281,6 +281,31 @@ def test_kernel_with_rows_together_matches_reference(c, seed):
 
 
 @needs_kernels
+@pytest.mark.parametrize(("in_rows", "most_rows"), [(2, 4), (3, 8)], ids=["3 of 4", "5 of 8"])
+def test_rows_together_fewer_than_a_power_of_two(in_rows, most_rows, monkeypatch):
+    # A program's rows together are one tile, whose sides Triton's blocks must make
+    # powers of two: an output of 3 rows (5 where a program holds 8) takes a tile of
+    # 4 (8), whose rows past the output are read inside the input and not stored.
+    monkeypatch.setattr(_pallas, "_ROWS", most_rows)
+    in_shape, scales = (1, in_rows, 5), (1, 1.7, 2.0)
+    out_shape = tuple(math.floor(n * s) for n, s in zip(in_shape, scales, strict=True))
+    c = dict(in_shape=in_shape, out_shape=out_shape, scales=scales, a=0.5, b=-0.5)
+    c.update(mode="linear", rounding="half_up")
+    x, dy = (jax.ShapeDtypeStruct(shape, jnp.float32) for shape in (in_shape, out_shape))
+    with launches_with(rows_together=True):
+        assert_kernel_matches_references(c, seed=in_rows)
+        forward = lowered_text(
+            lambda x: jaxgrad.resample(x, scales, mode="linear", **KERNEL), x, platform="cuda"
+        )
+        gradient = lowered_text(
+            lambda dy: jaxgrad.resample_grad(dy, in_shape, scales, mode="linear", **KERNEL),
+            dy,
+            platform="cuda",
+        )
+    assert forward.count(TRITON_CALL) == gradient.count(TRITON_CALL) == 1
+
+
+@needs_kernels
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_kernel_reads_a_last_axis_across_column_tiles(monkeypatch, mode):
     # Rows longer than a tile (here 8 columns) are cut into column tiles: each reads
@@ -545,8 +570,11 @@ LOWERED_OPTIONS = [*LAUNCH_OPTIONS, {"row_pattern": True}, {"warps": 1}]
 # it: cheap enough to draw from the reference tests' whole space of configurations.
 @needs_kernels
 @settings(max_examples=25, deadline=None)
-@given(configs(), st.sampled_from([jnp.float32, jnp.bfloat16]), st.sampled_from(LOWERED_OPTIONS))
-def test_kernel_lowers_for_cuda_in_every_configuration(c, dtype, fields):
+@given(configs(), st.sampled_from(LOWERED_OPTIONS), st.data())
+def test_kernel_lowers_for_cuda_in_every_configuration(c, fields, data):
+    # Nearest neighbour moves integers and booleans too, forward only.
+    moved = [jnp.uint8, jnp.int32, jnp.bool_] if c["mode"] == "nearest" else []
+    dtype = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16, *moved]))
     x = jax.ShapeDtypeStruct(c["in_shape"], dtype)
     dy = jax.ShapeDtypeStruct(c["out_shape"], dtype)
     ops = [
@@ -556,11 +584,16 @@ def test_kernel_lowers_for_cuda_in_every_configuration(c, dtype, fields):
             ),
             x,
         ),
-        (
-            lambda dy: jaxgrad.resample_grad(dy, c["in_shape"], c["scales"], **kwargs(c), **KERNEL),
-            dy,
-        ),
     ]
+    if jnp.issubdtype(dtype, jnp.floating):
+        ops.append(
+            (
+                lambda dy: jaxgrad.resample_grad(
+                    dy, c["in_shape"], c["scales"], **kwargs(c), **KERNEL
+                ),
+                dy,
+            )
+        )
     for op, operand in ops:
         with launches_with(**fields):
             calls = lowered_text(op, operand, platform="cuda").count(TRITON_CALL)

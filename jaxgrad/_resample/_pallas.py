@@ -712,6 +712,10 @@ def apply(
     launch = _launch(view_out, interpret)
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
+    if launch.rows_together and launch.channels == 1:
+        # The rows form one tile, whose sides Triton's blocks must make powers of
+        # two; rows past the output's last are read inside it and not stored.
+        launch = dataclasses.replace(launch, rows=pl.next_power_of_2(launch.rows))
     row_pattern = None
     if launch.row_pattern and not launch.rows_together:
         row_pattern = _last_row_pattern(work, launch.rows)
