@@ -98,6 +98,65 @@ def gpu_stand_in():
     return mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: h100)
 
 
+@contextlib.contextmanager
+def bounds_checked_kernels():
+    """Interpreted kernels that access memory as a GPU does, and check it.
+
+    Interpret mode clamps every lane of a load into its array (``masked_index``),
+    since its gathers read every lane: a lane its mask lets through past the
+    array's end then reads a real element, where a GPU reads past the allocation.
+    Here lanes stay as the kernel computed them, and each ``plgpu.load`` and
+    ``plgpu.store`` fails the computation (a ``JaxRuntimeError`` naming the array)
+    where a lane its mask lets through lies outside the array; it then moves the
+    masked lanes inside (a load) or past the end, where they are dropped (a store),
+    as ``masked_index`` does. Programs are traced anew inside the context.
+    """
+    from jax._src.state import indexing
+
+    def checked(access, *, store):
+        def access_inside(ref, *args, mask=None, **kwargs):
+            (indexer,) = ref.transforms  # the kernels index each ref once: ref.at[...]
+            inside = np.bool_(True)
+            lanes = []
+            for index, size in zip(indexer.indices, indexer.shape, strict=True):
+                if isinstance(index, indexing.Slice):
+                    inside = inside & (index.start >= 0) & (index.start + index.size <= size)
+                    lanes.append(index)
+                    continue
+                inside = inside & (index >= 0) & (index < size)
+                if store and jax.numpy.shape(index):
+                    lanes.append(jax.numpy.where((index >= 0) & (index < size), index, size))
+                else:
+                    lanes.append(jax.numpy.clip(index, 0, size - 1))
+            wanted = np.bool_(True) if mask is None else mask
+            shape = jax.numpy.broadcast_shapes(jax.numpy.shape(inside), jax.numpy.shape(wanted))
+            outside = jax.numpy.broadcast_to(wanted, shape) & ~jax.numpy.broadcast_to(inside, shape)
+
+            def fail_if(outside):
+                if outside:
+                    raise IndexError(f"a kernel accessed a lane outside its {indexer.shape} array")
+
+            jax.debug.callback(fail_if, jax.numpy.any(outside))
+            return access(ref.ref.at[tuple(lanes)], *args, mask=mask, **kwargs)
+
+        return access_inside
+
+    def unclamped(lanes, size, *, interpret, store=False):
+        return lanes
+
+    plgpu = _kernels.plgpu
+    jax.clear_caches()
+    try:
+        with (
+            mock.patch.object(_kernels, "masked_index", unclamped),
+            mock.patch.object(plgpu, "load", checked(plgpu.load, store=False)),
+            mock.patch.object(plgpu, "store", checked(plgpu.store, store=True)),
+        ):
+            yield
+    finally:
+        jax.clear_caches()
+
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -31,6 +31,7 @@ from helpers import (
     TOLERANCE,
     TRANSFORMS,
     TRITON_CALL,
+    bounds_checked_kernels,
     lowered_text,
     needs_kernels,
     transformed,
@@ -1167,6 +1168,30 @@ LOWERED_LAUNCHES = [
     {"reuse_rows": False, "wide_strided_reads": False},
     {"aligned_reads": False, "wide_strided_writes": False},
 ]
+
+
+# A GPU reads past an array where interpret mode would clamp a lane into it: every
+# access checked, over the reference tests' configurations and the launches.
+@needs_kernels
+@settings(max_examples=8, deadline=None)
+@given(
+    configs(sides=(1, 20), channels=(1, 9)),
+    st.sampled_from(["NHWC", "NCHW"]),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(LOWERED_LAUNCHES),
+)
+def test_kernels_access_only_lanes_inside_their_arrays(cfg, data_format, seed, fields):
+    x, f, dy = random_operands(cfg, seed)
+    chosen = _pallas._launch
+
+    def launch(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    with bounds_checked_kernels(), mock.patch.object(_pallas, "_launch", launch):
+        y, dx, df = run_all_three(cfg, data_format, x, f, dy, implementation="pallas")
+    np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
 # Lowering builds each kernel's Triton program without running it: cheap enough to

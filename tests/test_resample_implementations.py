@@ -4,6 +4,7 @@ on the CPU), and the kernel's lowering for CUDA GPUs, checked here without one."
 
 import contextlib
 import dataclasses
+import functools
 import math
 import re
 from unittest import mock
@@ -16,6 +17,7 @@ from helpers import (
     H100_CAPABILITY,
     TOLERANCE,
     TRITON_CALL,
+    bounds_checked_kernels,
     lowered_text,
     needs_kernels,
     transformed,
@@ -36,6 +38,7 @@ from test_resample import (
 
 import jaxgrad
 from jaxgrad import _implementation, _kernels
+from jaxgrad._kernels import pl, plgpu
 from jaxgrad._resample import _pallas, _plan, _xla
 
 KERNEL = dict(implementation="pallas")
@@ -601,26 +604,71 @@ def test_kernel_lowers_for_cuda_in_every_configuration(c, fields, data):
         assert calls == 1 or (calls == 0 and c["in_shape"] == c["out_shape"])
 
 
+# A GPU reads past an array where interpret mode would clamp a lane into it: every
+# access checked, over the configurations of the reference tests, of the columns
+# read in pairs and of the rows read by their pattern, under every launch option.
 @needs_kernels
-@pytest.mark.parametrize("fields", LOWERED_OPTIONS, ids=lambda f: "+".join(f) or "default")
+@settings(max_examples=12, deadline=None)
+@given(
+    st.one_of(
+        st.tuples(configs(), st.sampled_from(LOWERED_OPTIONS)),
+        st.tuples(
+            last_axis_configs(), st.sampled_from([o for o in LAUNCH_OPTIONS if o.get("paired")])
+        ),
+        st.tuples(row_pattern_configs(), st.just({"row_pattern": True})),
+    ),
+    st.integers(0, 2**31 - 1),
+)
+def test_kernel_accesses_only_lanes_inside_its_arrays(case, seed):
+    c, fields = case
+    with bounds_checked_kernels(), launches_with(**fields):
+        assert_kernel_matches_references(c, seed)
+
+
+@needs_kernels
+def test_bounds_checked_kernels_catch_a_lane_outside():
+    # What the property above relies on: a load whose mask lets a lane through past
+    # the array's end fails there, where interpret mode alone reads the last element.
+    def kernel(x_ref, out_ref, *, shift):
+        lanes = jnp.arange(8, dtype=jnp.int32)
+        value = plgpu.load(x_ref.at[lanes + shift], mask=lanes + 1 < 8, other=0)
+        plgpu.store(out_ref.at[lanes], value)
+
+    def run(shift):
+        return pl.pallas_call(
+            functools.partial(kernel, shift=shift),
+            out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+            interpret=True,
+        )(jnp.arange(8.0, dtype=jnp.float32))
+
+    np.testing.assert_array_equal(run(2), [2, 3, 4, 5, 6, 7, 7, 0])  # lane 6 clamped
+    with bounds_checked_kernels():
+        np.testing.assert_array_equal(run(1), [1, 2, 3, 4, 5, 6, 7, 0])  # lane 7 masked
+        with pytest.raises(Exception, match="outside its \\(8,\\) array"):
+            run(2).block_until_ready()
+
+
+@needs_kernels
+@pytest.mark.parametrize("fields", [{}, {"row_pattern": True}], ids=["tables", "row pattern"])
 def test_kernel_summing_row_taps_in_a_loop_lowers_for_cuda(fields):
     # More row taps than the kernel unrolls are summed in a loop whose index is
-    # divided and taken modulo each row axis's taps. The gradient of a 4x linear
-    # channels-last volume has 9 taps along each of its three row axes; an NCHW
-    # image with the input pixel offset 0 has two along its batch and channel axes,
-    # and 9 along its rows at 4x (36 in all).
-    volume = jax.ShapeDtypeStruct((2, 64, 64, 64, 8), jnp.bfloat16)
-    image = jax.ShapeDtypeStruct((2, 16, 128, 128), jnp.float32)
+    # divided and taken modulo each row axis's taps, through the tables or by the
+    # row pattern (every launch option: the property above). The gradient of a 4x
+    # linear channels-last volume has 8 taps along each of its row axes, the depth
+    # and the height; an NCHW image with the input pixel offset 0 two along its
+    # batch and its channels, and 8 along its rows at 4x.
+    volume = jax.ShapeDtypeStruct((2, 32, 32, 32, 8), jnp.bfloat16)
+    image = jax.ShapeDtypeStruct((2, 16, 32, 32), jnp.float32)
     ops = [
         (
             lambda dy: jaxgrad.resample_grad(
-                dy, (2, 16, 16, 16, 8), (1, 4, 4, 4, 1), mode="linear", **KERNEL
+                dy, (2, 8, 8, 8, 8), (1, 4, 4, 4, 1), mode="linear", **KERNEL
             ),
             volume,
         ),
         (
             lambda dy: jaxgrad.resample_grad(
-                dy, (2, 16, 32, 32), (1, 1, 4, 4), mode="linear", input_pixel_offsets=0.0, **KERNEL
+                dy, (2, 16, 8, 8), (1, 1, 4, 4), mode="linear", input_pixel_offsets=0.0, **KERNEL
             ),
             image,
         ),
