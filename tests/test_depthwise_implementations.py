@@ -2,6 +2,7 @@
 kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
 kernels' lowering for CUDA GPUs, checked here without one."""
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -1156,6 +1157,23 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     assert set(kernels) == {"_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"}
 
 
+@contextlib.contextmanager
+def launches_with(**fields):
+    """Every depthwise kernel launched with the ``_Launch`` ``fields`` set, where
+    they apply, traced anew."""
+    chosen = _pallas._launch
+
+    def launch(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    jax.clear_caches()
+    try:
+        with mock.patch.object(_pallas, "_launch", launch):
+            yield
+    finally:
+        jax.clear_caches()
+
+
 # The launches a GPU run may time (benchmarks/tune.py, benchmarks/compare.py): each
 # option the cuts leave off, on, and those they set, off.
 LOWERED_LAUNCHES = [
@@ -1182,12 +1200,7 @@ LOWERED_LAUNCHES = [
 )
 def test_kernels_access_only_lanes_inside_their_arrays(cfg, data_format, seed, fields):
     x, f, dy = random_operands(cfg, seed)
-    chosen = _pallas._launch
-
-    def launch(*args, **kwargs):
-        return dataclasses.replace(chosen(*args, **kwargs), **fields)
-
-    with bounds_checked_kernels(), mock.patch.object(_pallas, "_launch", launch):
+    with bounds_checked_kernels(), launches_with(**fields):
         y, dx, df = run_all_three(cfg, data_format, x, f, dy, implementation="pallas")
     np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
@@ -1217,15 +1230,8 @@ def test_kernels_lower_for_cuda_in_every_configuration(cfg, data_format, dtype, 
         y, vjp = jax.vjp(forward, x, f)
         return y, vjp(dy)
 
-    chosen = _pallas._launch
-
-    def launch(*args, **kwargs):
-        return dataclasses.replace(chosen(*args, **kwargs), **fields)
-
-    jax.clear_caches()
-    with mock.patch.object(_pallas, "_launch", launch):
+    with launches_with(**fields):
         text = lowered_text(forward_and_backward, x, f, dy, platform="cuda")
-    jax.clear_caches()
     assert text.count(TRITON_CALL) == 4  # the forward, the input gradient, the partials, their sum
 
 

@@ -213,8 +213,9 @@ LAUNCH_OPTIONS = [
 
 @contextlib.contextmanager
 def launches_with(**fields):
-    """Every resample kernel launched with ``fields`` set (``_Launch.paired``,
-    ``_Launch.rows_together``), where they apply, compiled anew."""
+    """Every resample kernel launched with the ``_Launch`` ``fields`` set (launch
+    options such as ``paired`` or ``rows_together``, where they apply; ``warps``),
+    compiled anew."""
     chosen = _pallas._launch
 
     def launch(*args, **kwargs):
@@ -653,7 +654,7 @@ def test_bounds_checked_kernels_catch_a_lane_outside():
 def test_kernel_summing_row_taps_in_a_loop_lowers_for_cuda(fields):
     # More row taps than the kernel unrolls are summed in a loop whose index is
     # divided and taken modulo each row axis's taps, through the tables or by the
-    # row pattern (every launch option: the property above). The gradient of a 4x
+    # row pattern (every launch option: the lowering property). The gradient of a 4x
     # linear channels-last volume has 8 taps along each of its row axes, the depth
     # and the height; an NCHW image with the input pixel offset 0 two along its
     # batch and its channels, and 8 along its rows at 4x.
