@@ -5,6 +5,7 @@ docs/ has a conftest.py of its own.
 """
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -96,6 +97,24 @@ def gpu_stand_in():
         return contextlib.nullcontext()
     h100 = plgpu.get_gpu_info_from_version(plgpu.GpuVersion.H100)
     return mock.patch.object(registration.gpu_info_lib, "get_gpu_info", lambda: h100)
+
+
+@contextlib.contextmanager
+def kernel_launches(kernels, **fields):
+    """Every kernel of a family's kernel module ``kernels`` (its ``_pallas``)
+    launched with the ``_Launch`` ``fields`` set, where they apply: launch options
+    a GPU run may time, or a tile's warps. Programs are traced anew inside."""
+    chosen = kernels._launch
+
+    def launch(*args, **kwargs):
+        return dataclasses.replace(chosen(*args, **kwargs), **fields)
+
+    jax.clear_caches()
+    try:
+        with mock.patch.object(kernels, "_launch", launch):
+            yield
+    finally:
+        jax.clear_caches()
 
 
 @contextlib.contextmanager

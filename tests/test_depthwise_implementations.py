@@ -2,7 +2,6 @@
 kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
 kernels' lowering for CUDA GPUs, checked here without one."""
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -33,6 +32,7 @@ from helpers import (
     TRANSFORMS,
     TRITON_CALL,
     bounds_checked_kernels,
+    kernel_launches,
     lowered_text,
     needs_kernels,
     transformed,
@@ -1157,21 +1157,8 @@ def test_kernels_lower_for_cuda(case, data_format, dtype):
     assert set(kernels) == {"_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"}
 
 
-@contextlib.contextmanager
-def launches_with(**fields):
-    """Every depthwise kernel launched with the ``_Launch`` ``fields`` set, where
-    they apply, traced anew."""
-    chosen = _pallas._launch
-
-    def launch(*args, **kwargs):
-        return dataclasses.replace(chosen(*args, **kwargs), **fields)
-
-    jax.clear_caches()
-    try:
-        with mock.patch.object(_pallas, "_launch", launch):
-            yield
-    finally:
-        jax.clear_caches()
+# Every depthwise kernel launched with ``_Launch`` fields set: ``launches_with(read_ahead=True)``.
+launches_with = functools.partial(kernel_launches, _pallas)
 
 
 # The launches a GPU run may time (benchmarks/tune.py, benchmarks/compare.py): each

@@ -3,7 +3,6 @@ against the float64 reference and the scatter-add oracle (in Pallas' interpret m
 on the CPU), and the kernel's lowering for CUDA GPUs, checked here without one."""
 
 import contextlib
-import dataclasses
 import functools
 import math
 import re
@@ -18,6 +17,7 @@ from helpers import (
     TOLERANCE,
     TRITON_CALL,
     bounds_checked_kernels,
+    kernel_launches,
     lowered_text,
     needs_kernels,
     transformed,
@@ -211,22 +211,8 @@ LAUNCH_OPTIONS = [
 ]
 
 
-@contextlib.contextmanager
-def launches_with(**fields):
-    """Every resample kernel launched with the ``_Launch`` ``fields`` set (launch
-    options such as ``paired`` or ``rows_together``, where they apply; ``warps``),
-    compiled anew."""
-    chosen = _pallas._launch
-
-    def launch(*args, **kwargs):
-        return dataclasses.replace(chosen(*args, **kwargs), **fields)
-
-    jax.clear_caches()
-    try:
-        with mock.patch.object(_pallas, "_launch", launch):
-            yield
-    finally:
-        jax.clear_caches()
+# Every resample kernel launched with ``_Launch`` fields set: ``launches_with(paired=True)``.
+launches_with = functools.partial(kernel_launches, _pallas)
 
 
 def drawn_config(draw, in_shape, scales, longer_axis):
