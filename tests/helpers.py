@@ -132,6 +132,8 @@ def bounds_checked_kernels():
     """
     from jax._src.state import indexing
 
+    masked_index, plgpu = _kernels.masked_index, _kernels.plgpu  # the unpatched ones
+
     def checked(access, *, store):
         def access_inside(ref, *args, mask=None, **kwargs):
             (indexer,) = ref.transforms  # the kernels index each ref once: ref.at[...]
@@ -143,10 +145,7 @@ def bounds_checked_kernels():
                     lanes.append(index)
                     continue
                 inside = inside & (index >= 0) & (index < size)
-                if store and jax.numpy.shape(index):
-                    lanes.append(jax.numpy.where((index >= 0) & (index < size), index, size))
-                else:
-                    lanes.append(jax.numpy.clip(index, 0, size - 1))
+                lanes.append(masked_index(index, size, interpret=True, store=store))
             wanted = np.bool_(True) if mask is None else mask
             shape = jax.numpy.broadcast_shapes(jax.numpy.shape(inside), jax.numpy.shape(wanted))
             outside = jax.numpy.broadcast_to(wanted, shape) & ~jax.numpy.broadcast_to(inside, shape)
@@ -163,7 +162,6 @@ def bounds_checked_kernels():
     def unclamped(lanes, size, *, interpret, store=False):
         return lanes
 
-    plgpu = _kernels.plgpu
     jax.clear_caches()
     try:
         with (
