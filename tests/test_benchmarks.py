@@ -3,11 +3,14 @@ through every section on the CPU (kernels interpreted; the PyTorch peers on the
 CPU where PyTorch is installed), so the script a GPU machine runs is not first
 tried there."""
 
+import dataclasses
 import functools
 import importlib.util
 import json
 import math
 import pathlib
+import re
+import subprocess
 import time
 
 import jax
@@ -349,6 +352,91 @@ def test_kernel_report_dumps_each_kernels_ptx_and_sass(monkeypatch, tmp_path):
     nvdisasm.chmod(0o755)
     kernel_report.dump(compiled, out, "[32,112,112,96] 3x3 s1 NCHW f32 0 _forward_kernel", "sm_90a")
     assert (out / f"{stem}.sass").read_text() == f"disassembled {compiled / 'kernel.cubin'}\n"
+
+
+def kernel_sweep_with(monkeypatch, compile_report):
+    """benchmarks/kernel_sweep.py, with ``compile_report`` standing in for Triton
+    and ptxas (CI has no ``triton``): JAX's lowering for CUDA still runs."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+    import kernel_sweep
+
+    monkeypatch.setattr(kernel_report, "compile_report", compile_report)
+    return kernel_sweep
+
+
+def test_kernel_sweep_draws_each_configuration_from_its_number_and_the_seed(monkeypatch):
+    """So that a run can name what it found, and ``--start N --count 1`` builds it again."""
+    sweep = kernel_sweep_with(monkeypatch, None)
+    for family in sweep.FAMILIES:
+        calls = [sweep.drawn(family, number, seed=0).call for number in range(8)]
+        assert [sweep.drawn(family, number, seed=0).call for number in range(8)] == calls
+        assert len(set(calls)) == 8
+        assert sweep.drawn(family, 3, seed=1).call != calls[3]
+
+
+@needs_kernels
+def test_kernel_sweep_compiles_every_kernel_of_a_step_with_its_launch(monkeypatch):
+    """A drawn step reaches every kernel of its family, each compiled under the
+    launch fields the configuration sets."""
+    compiled = []
+
+    def compile_report(ir, options, arch, folder):
+        compiled.append((re.search(r"module @(\w+)", ir)[1], options["num_warps"], arch))
+        return {"registers": 40, "spilled": 0, "seconds": 0.5}
+
+    sweep = kernel_sweep_with(monkeypatch, compile_report)
+    config = sweep.drawn("depthwise", 0, seed=0)
+    record = sweep.compiled(dataclasses.replace(config, launch={"warps": 1}), "sm_90a")
+    kernels = ["_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"]
+    assert [k["name"] for k in record["kernels"]] == kernels
+    assert [(name, arch) for name, _, arch in compiled] == [(k, "sm_90a") for k in kernels]
+    # The sum of partials has its own launch; every other kernel takes the fields.
+    assert [warps for _, warps, _ in compiled][:3] == [1, 1, 1]
+    assert "stage" not in record
+
+
+@needs_kernels
+def test_kernel_sweep_names_the_stage_that_refused_and_the_spills(monkeypatch):
+    def compile_report(ir, options, arch, folder):
+        if "module @_sum_kernel" in ir:
+            raise subprocess.CalledProcessError(255, "ptxas", stderr="ptxas fatal: out of range")
+        slow = "module @_partials_kernel" in ir
+        spills = "module @_input_kernel" in ir
+        return {"registers": 80, "spilled": 56 if spills else 0, "seconds": 25.0 if slow else 0.5}
+
+    sweep = kernel_sweep_with(monkeypatch, compile_report)
+    refused = sweep.compiled(sweep.drawn("depthwise", 0, seed=0), "sm_90a")
+    assert refused["stage"] == "ptxas (_sum_kernel)"
+    assert "out of range" in refused["error"]
+    spilled = sweep.compiled(sweep.drawn("resample", 0, seed=0), "sm_90a")
+    assert "stage" not in spilled
+    spilled["kernels"][0] |= {"name": "_input_kernel", "spilled": 56, "seconds": 12.5}
+
+    def lowering_refuses(*args, **kwargs):
+        raise AssertionError("('i32', 'i1')")
+
+    monkeypatch.setattr(sweep.kernel_report, "triton_modules", lowering_refuses)
+    unlowered = sweep.compiled(sweep.drawn("resample", 1, seed=0), "sm_90a")
+    assert unlowered["stage"] == "JAX lowering"
+    assert "('i32', 'i1')" in unlowered["error"]
+    lines, any_refused = sweep.summary([refused, spilled, unlowered], slow=20)
+    assert any_refused
+    assert (
+        lines[0] == f"depthwise #0 refused by ptxas (_sum_kernel): {refused['call']}, launch {{}}"
+    )
+    assert lines[1] == "    ptxas fatal: out of range"
+    assert lines[2].startswith("resample #1 refused by JAX lowering")
+    found = "\n".join(lines)
+    for line in (
+        f"depthwise #0 _input_kernel spills 56 bytes at 80 registers: {refused['call']}",
+        f"depthwise #0 _partials_kernel took Triton 25.0 s to compile: {refused['call']}",
+        f"resample #0 _input_kernel spills 56 bytes at 80 registers: {spilled['call']}",
+    ):
+        assert line in found
+    assert "resample #0 _input_kernel took" not in found  # 12.5 s: under 20
+    assert lines[-1].startswith("3 configurations, 1 compiled")
+    assert not sweep.summary([spilled], slow=20)[1]  # a spill is reported, not a refusal
 
 
 def test_xla_gpu_report_reads_a_compiled_program(monkeypatch):
