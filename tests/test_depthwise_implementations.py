@@ -2,6 +2,7 @@
 kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
 kernels' lowering for CUDA GPUs, checked here without one."""
 
+import collections
 import dataclasses
 import functools
 import math
@@ -284,10 +285,17 @@ LARGE = ((1, 9, 10, 2), (7, 7, 2, 1), (1, 1), (1, 1), "SAME", ((0, 0), (0, 0)))
 
 
 @needs_kernels
-def test_a_filter_larger_than_one_program_holds():
+@pytest.mark.parametrize(
+    "cfg_args",
+    [
+        LARGE,  # groups of 2, 2, 2 and 1 filter rows
+        ((1, 11, 9, 3), (6, 6, 3, 1), (1, 1), (1, 2), "SAME", ((0, 0), (0, 0))),  # 2, 2 and 2
+    ],
+)
+def test_a_filter_larger_than_one_program_holds(cfg_args):
     # The filter gradient splits the taps into groups of whole filter rows, each
     # group its own program.
-    cfg = make_cfg(*LARGE)
+    cfg = make_cfg(*cfg_args)
     strides, padding, kw = op_kwargs(cfg, "NHWC")
     conv = _plan.configure(
         "test", cfg["x_shape"], cfg["f_shape"], strides, padding, "NHWC", kw["dilations"], ()
@@ -298,6 +306,50 @@ def test_a_filter_larger_than_one_program_holds():
     np.testing.assert_allclose(y, ref_forward(x, f, cfg), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, ref_backprop_input(f, dy, cfg), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
+
+
+def pallas_calls(fn, *args):
+    """The kernels ``jax.make_jaxpr(fn)(*args)`` calls: each one's primitives,
+    counted through its loops and branches."""
+
+    def nested(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield eqn
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                    if hasattr(sub, "eqns"):
+                        yield from nested(sub)
+
+    return [
+        collections.Counter(e.primitive.name for e in nested(eqn.params["jaxpr"]))
+        for eqn in nested(jax.make_jaxpr(fn)(*args).jaxpr)
+        if eqn.primitive.name == "pallas_call"
+    ]
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("kernel", "taps_in_code"),
+    [
+        ((7, 7), 14 + 7),  # groups of 2, 2, 2 and 1 filter rows: one body of 2, one of 1
+        ((6, 6), 12),  # 2, 2 and 2: one body
+        ((5, 5), 15 + 10),  # 3 and 2
+        ((3, 3), 9),  # one group
+    ],
+)
+def test_groups_of_whole_filter_rows_share_their_code(kernel, taps_in_code):
+    # Triton's compile time grows faster than the code it compiles: the filter
+    # gradient's groups of full filter rows (at most 16 taps here) are one body of
+    # code, which stores the partials of its taps once.
+    cfg = make_cfg((1, 12, 12, 2), (*kernel, 2, 1), (1, 1), (1, 1), "SAME")
+    (x, _, dy), _ = operands(cfg, "NHWC", jnp.float32)
+    backprop_filter = three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]
+    with launches_with(taps=16):
+        kernels = pallas_calls(backprop_filter, x, dy)
+    partials, total = kernels[0], kernels[-1]  # the partials, then their sum
+    assert partials["masked_swap"] == taps_in_code
+    assert total["masked_swap"] == 1
 
 
 @needs_kernels

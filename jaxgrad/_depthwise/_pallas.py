@@ -1292,14 +1292,17 @@ def _partials_kernel(
     # di + sh / dh reads for row i.
     shift = sh // dh if sh % dh == 0 else None
 
-    def group_partials(start: int, stop: int) -> None:
+    def group_partials(top: Any, filter_rows: int) -> None:
+        """The partials of filter rows ``top`` to ``top + filter_rows - 1``."""
+        taps = filter_rows * fw
+
         def reads(c: Any) -> list[Callable[[Any], jax.Array]]:
             """What a row reads in column tile ``c``, by row: item 0 the output
-            gradient's tile, item 1 + k the window of the group's tap start + k."""
+            gradient's tile, item 1 + k the window of the group's tap k."""
             cols = _kernels.lanes(c, launch.cols)
 
-            def read_window(t: int) -> Callable[[Any], jax.Array]:
-                di, dj = divmod(t, fw)
+            def read_window(k: int) -> Callable[[Any], jax.Array]:
+                row, dj = divmod(k, fw)
                 return lambda r: _tap_window(
                     x_ref,
                     conv,
@@ -1308,7 +1311,7 @@ def _partials_kernel(
                     first + r,
                     c,
                     in_chans,
-                    di,
+                    top + row,
                     dj,
                     dtype,
                     masked_past_output=True,
@@ -1317,7 +1320,7 @@ def _partials_kernel(
             def read_gradient(r: Any) -> jax.Array:
                 return _read(dy_ref, conv, launch, n, first + r, cols, out_chans, dtype)
 
-            return [read_gradient, *(read_window(t) for t in range(start, stop))]
+            return [read_gradient, *(read_window(k) for k in range(taps))]
 
         def add_row(
             r: Any, item: Callable[[int], jax.Array], sums: tuple[jax.Array, ...]
@@ -1329,7 +1332,7 @@ def _partials_kernel(
             # The rows stop at the last output row: a window kept from the row
             # before is not masked again.
             rows = jnp.minimum(launch.rows, conv.out_size[0] - first)
-            shared = _shared_taps(launch, (stop - start) // fw, fw, shift)
+            shared = _shared_taps(launch, filter_rows, fw, shift)
             reused = [None, *(None if k is None else 1 + k for k in shared)]
             loop = _row_loop(rows, reads(c), reused, add_row, sums, ahead=launch.read_ahead)
             return loop  # type: ignore[no-any-return]
@@ -1341,36 +1344,47 @@ def _partials_kernel(
 
             return _kernels.fori_loop(0, col_tiles, col_tile, sums)  # type: ignore[no-any-return]
 
-        zeros = (jnp.zeros((launch.cols, launch.channels), dtype),) * (stop - start)
+        zeros = (jnp.zeros((launch.cols, launch.channels), dtype),) * taps
         if launch.reuse_rows:
             # Rows kept in registers are shared down a column tile, so the loop
             # over a tile's rows runs inside the loop over the tiles.
             sums = _kernels.fori_loop(0, col_tiles, rows_of_col_tile, zeros)
         else:
             sums = _kernels.fori_loop(0, launch.rows, col_tiles_of_row, zeros)
-        _store_partials(part_ref, launch, program, range(start, stop), out_chans, sums)
+        _store_partials(part_ref, launch, program, top * fw, out_chans, sums)
 
-    if len(groups) == 1:
-        group_partials(*groups[0])
+    # Every group of ``full_rows`` filter rows runs one body of code, which takes
+    # the group's first filter row as a value: Triton's compile time grows faster
+    # than the code it compiles, and a body per group made a 7x7 filter's gradient
+    # the slowest kernel to compile by far. A last, shorter group has a body of
+    # its own. Where one group is full, its rows stay constants, so the compiler
+    # can drop the bounds checks a constant row rules out.
+    fh = conv.kernel[0]
+    full_rows = groups[0][1] // fw
+    full_groups, last_rows = divmod(fh, full_rows)
+    top = 0 if full_groups == 1 else group * full_rows
+    if not last_rows:
+        group_partials(top, full_rows)
         return
-    for g, (start, stop) in enumerate(groups):
-        lax.cond(group == g, functools.partial(group_partials, start, stop), lambda: None)
+    lax.cond(group < full_groups, lambda: group_partials(top, full_rows), lambda: None)
+    lax.cond(group == full_groups, lambda: group_partials(fh - last_rows, last_rows), lambda: None)
 
 
 def _store_partials(
     part_ref: Any,
     launch: _Launch,
     program: Any,
-    taps: range,
+    first_tap: Any,
     out_chans: jax.Array,
     sums: tuple[jax.Array, ...],
 ) -> None:
-    """Writes a program's sums of ``taps``, each summed over its tile's columns, as
-    its partials ``[program, tap, channel]``."""
+    """Writes a program's sums of the taps from ``first_tap`` on, each summed over
+    its tile's columns, as its partials ``[program, tap, channel]``."""
     size = part_ref.shape[2]
     lanes = launch.index(out_chans, size, store=True)
-    for t, total in zip(taps, sums, strict=True):
-        plgpu.store(part_ref.at[program, t, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
+    for k, total in enumerate(sums):
+        tap = first_tap + k
+        plgpu.store(part_ref.at[program, tap, lanes], jnp.sum(total, axis=0), mask=out_chans < size)
 
 
 def _walk_partials_kernel(
@@ -1437,7 +1451,7 @@ def _walk_partials_kernel(
     looped = range(lag, max(lag, cols))
     sums, _ = _walk(step, (zeros, [None] * lag), lag, cols + lag, looped)
     partial = pl.program_id(0) * segments + pl.program_id(2)
-    _store_partials(part_ref, launch, partial, range(fh * fw), out_chans, tuple(sums))
+    _store_partials(part_ref, launch, partial, 0, out_chans, tuple(sums))
 
 
 # The partials are added up by programs of 4 warps in blocks of this many elements
