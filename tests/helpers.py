@@ -4,6 +4,7 @@ A plain module rather than conftest.py, which tests cannot import by name reliab
 docs/ has a conftest.py of its own.
 """
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -82,6 +83,27 @@ def lowered_text(fn, *args, platform):
     stand_in = gpu_stand_in() if platform == "cuda" else contextlib.nullcontext()
     with stand_in:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def kernel_primitives(fn, *args):
+    """The Pallas kernels ``jax.make_jaxpr(fn)(*args)`` calls, in order: each one's
+    primitives, counted through its loops and branches, a measure of the code
+    Triton compiles for it."""
+
+    def nested(jaxpr):
+        for eqn in jaxpr.eqns:
+            yield eqn
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                    if hasattr(sub, "eqns"):
+                        yield from nested(sub)
+
+    return [
+        collections.Counter(e.primitive.name for e in nested(eqn.params["jaxpr"]))
+        for eqn in nested(jax.make_jaxpr(fn)(*args).jaxpr)
+        if eqn.primitive.name == "pallas_call"
+    ]
 
 
 def gpu_stand_in():

@@ -2,7 +2,6 @@
 kernels against the float64 reference (in Pallas' interpret mode on the CPU), and the
 kernels' lowering for CUDA GPUs, checked here without one."""
 
-import collections
 import dataclasses
 import functools
 import math
@@ -34,6 +33,7 @@ from helpers import (
     TRITON_CALL,
     bounds_checked_kernels,
     kernel_launches,
+    kernel_primitives,
     lowered_text,
     needs_kernels,
     transformed,
@@ -308,26 +308,6 @@ def test_a_filter_larger_than_one_program_holds(cfg_args):
     np.testing.assert_allclose(df, ref_backprop_filter(x, dy, cfg), rtol=1e-10, atol=1e-10)
 
 
-def pallas_calls(fn, *args):
-    """The kernels ``jax.make_jaxpr(fn)(*args)`` calls: each one's primitives,
-    counted through its loops and branches."""
-
-    def nested(jaxpr):
-        for eqn in jaxpr.eqns:
-            yield eqn
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else [value]:
-                    sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
-                    if hasattr(sub, "eqns"):
-                        yield from nested(sub)
-
-    return [
-        collections.Counter(e.primitive.name for e in nested(eqn.params["jaxpr"]))
-        for eqn in nested(jax.make_jaxpr(fn)(*args).jaxpr)
-        if eqn.primitive.name == "pallas_call"
-    ]
-
-
 @needs_kernels
 @pytest.mark.parametrize(
     ("kernel", "taps_in_code"),
@@ -346,7 +326,7 @@ def test_groups_of_whole_filter_rows_share_their_code(kernel, taps_in_code):
     (x, _, dy), _ = operands(cfg, "NHWC", jnp.float32)
     backprop_filter = three_ops(cfg, "NHWC", implementation="pallas")["backprop_filter"]
     with launches_with(taps=16):
-        kernels = pallas_calls(backprop_filter, x, dy)
+        kernels = kernel_primitives(backprop_filter, x, dy)
     partials, total = kernels[0], kernels[-1]  # the partials, then their sum
     assert partials["masked_swap"] == taps_in_code
     assert total["masked_swap"] == 1

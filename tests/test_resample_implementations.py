@@ -18,6 +18,7 @@ from helpers import (
     TRITON_CALL,
     bounds_checked_kernels,
     kernel_launches,
+    kernel_primitives,
     lowered_text,
     needs_kernels,
     transformed,
@@ -293,6 +294,28 @@ def test_rows_together_fewer_than_a_power_of_two(in_rows, most_rows, monkeypatch
             platform="cuda",
         )
     assert forward.count(TRITON_CALL) == gradient.count(TRITON_CALL) == 1
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("in_shape", "scales"),
+    [((1, 3, 4, 2), (1, 8, 8, 1)), ((2, 1, 3, 4), (1, 1, 8, 8))],
+    ids=["NHWC", "NCHW"],
+)
+def test_many_row_taps_of_many_column_taps_are_summed_in_a_loop(in_shape, scales):
+    # The gradient of a 2-D 8x linear upsampling sums 16 row taps of 16 column taps
+    # each: unrolled, 256 reads in the kernel's code, and Triton's compile time
+    # grows faster than the code it compiles. Past 64 column reads a row, the row
+    # taps are summed in a loop, in the same order.
+    out_shape = tuple(n * s for n, s in zip(in_shape, scales, strict=True))
+    c = dict(in_shape=in_shape, out_shape=out_shape, scales=scales, a=0.5, b=-0.5)
+    c.update(mode="linear", rounding="half_up")
+    assert_kernel_matches_references(c, seed=8)
+    dy = jax.ShapeDtypeStruct(out_shape, jnp.float32)
+    gradient = kernel_primitives(
+        lambda dy: jaxgrad.resample_grad(dy, in_shape, scales, mode="linear", **KERNEL), dy
+    )[0]
+    assert gradient["masked_load"] < 64  # 320 with the row taps unrolled
 
 
 @needs_kernels

@@ -47,6 +47,11 @@ _MAX_CHANNELS = 64
 # Taps up to this many are unrolled in the kernel; more are summed in a loop, so
 # that the kernel does not grow with the scale.
 _MAX_UNROLLED_TAPS = 16
+# The most column reads a row's unrolled taps may hold: row taps times each one's
+# unrolled column reads. Past it the row taps are summed in a loop: Triton's
+# compile time grows faster than the code it compiles, and 16 row taps of 16
+# column taps each (the gradient of a 2-D 8x upsampling) took it minutes.
+_MAX_UNROLLED_READS = 64
 # The largest count, index or offset an int32 holds.
 _MAX_INT32 = 2**31 - 1
 # Pallas' Triton lowering offsets the elements of an array of at most this many
@@ -228,11 +233,11 @@ def _pairs(plan: _plan.Plan, channels: int) -> _Pairs | None:
 
 
 def _accumulate(
-    count: int, add: Callable[[Any, jax.Array], jax.Array], start: jax.Array
+    count: int, add: Callable[[Any, jax.Array], jax.Array], start: jax.Array, unrolled: bool
 ) -> jax.Array:
-    """``add(count - 1, ... add(1, add(0, start)))``, taps in order: unrolled for a
-    few, a loop for many."""
-    if count <= _MAX_UNROLLED_TAPS:
+    """``add(count - 1, ... add(1, add(0, start)))``, taps in order: ``unrolled``,
+    or a loop."""
+    if unrolled:
         total = start
         for t in range(count):
             total = add(t, total)
@@ -276,6 +281,7 @@ def _kernel(
     cols = _kernels.lanes(col_block, launch.cols)
     chans_inside, cols_inside = chans < channels, cols < cols_out
     col_taps = int(col_index_ref.shape[1])
+    cols_unrolled = col_taps <= _MAX_UNROLLED_TAPS
     # With one channel (a resampled last axis) a tile is a vector of columns (a
     # [columns, 1] block would leave Triton no contiguous minor axis to load and
     # store in vectors), or with the rows together a [rows, columns] block.
@@ -339,7 +345,7 @@ def _kernel(
 
         # The columns' taps are the same for every row: a few are loaded once,
         # before the row loop; many are loaded where they are used.
-        if col_taps <= _MAX_UNROLLED_TAPS:
+        if cols_unrolled:
             loaded = [load_col_tap(t) for t in range(col_taps)]
             col_tap: Callable[[Any], tuple[jax.Array, jax.Array]] = lambda t: loaded[t]  # noqa: E731
         else:
@@ -353,7 +359,7 @@ def _kernel(
                 index, weight = col_tap(u)
                 return total + read(in_row, index) * per_lane(weight)
 
-            return _accumulate(col_taps, add_col_tap, zeros(lanes.shape[0]))
+            return _accumulate(col_taps, add_col_tap, zeros(lanes.shape[0]), cols_unrolled)
 
         return columns
 
@@ -414,6 +420,11 @@ def _kernel(
 
     # Built outside the row loop: the column table's taps are loaded once.
     columns = paired if pairs else tabled(cols, cols_inside)
+    # The reads one row's column sum unrolls.
+    if pairs:
+        column_reads = sum(len(taps) for taps in pairs.taps)
+    else:
+        column_reads = col_taps if cols_unrolled and not exact else 1
 
     row_widths = [int(table[0].shape[1]) for table in row_tables]
 
@@ -457,8 +468,9 @@ def _kernel(
         # A few taps' rows and weights are read before the first tap's columns, so
         # that a row waits on its table reads once, not once a tap: the branches
         # below keep the compiler from moving these loads up itself.
+        unrolled = taps <= _MAX_UNROLLED_TAPS and taps * column_reads <= _MAX_UNROLLED_READS
         preloaded = None
-        if taps <= _MAX_UNROLLED_TAPS:
+        if unrolled:
             preloaded = [row_tap(t, every_axis, out_indices) for t in range(taps)]
 
         def add_row_tap(t: Any, total: jax.Array) -> jax.Array:
@@ -485,7 +497,7 @@ def _kernel(
             kept: jax.Array = lax.cond(ok, added, lambda total: total, total)
             return kept
 
-        store(o, _accumulate(taps, add_row_tap, zeros(launch.cols)))
+        store(o, _accumulate(taps, add_row_tap, zeros(launch.cols), unrolled))
 
     def store(o: Any, total: jax.Array) -> None:
         """Stores output row ``o`` (or rows), where it is inside the output."""
