@@ -20,8 +20,10 @@ programs compile (no file of the library changes).
 It prints, per case and op, both times, their ratio, the fastest peer, whether the
 two versions' results have the same bits, and whether their programs are the same
 (compared as benchmarks/gpu.py compares programs): a case the change does not
-touch is then timed once. ``--smoke`` runs a tiny case of the family on the CPU,
-the kernels interpreted, to check the script itself.
+touch is then timed once. ``--cases`` also reaches the cases benchmarks/tune.py
+names outside gpu.py's tables (a 7x7 filter, an 8x upsampling). ``--smoke`` runs
+a tiny case of the family on the CPU, the kernels interpreted, to check the
+script itself.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def main() -> None:
         "file": str(pathlib.Path(args.file)),
         "rows": [],
     }
-    for case, op, build in tune.CASES[args.family](args.smoke, torch):
+    for case, op, build in tune.CASES[args.family](args.smoke, torch, named=bool(args.cases)):
         if not gpu.chosen(case, args.cases) or (args.ops and op not in args.ops):
             continue
         row = {"family": args.family, "case": case, "op": op}

@@ -40,7 +40,9 @@ registers; then the rows (a quarter to four times). A coordinate search: about
 51 compiles per depthwise op (a walk's tile included) instead of every
 combination's 155520. Every case of both families is well over two thousand
 compiles, so pick cases with ``--cases`` and ``--ops``
-(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``), and groups with
+(``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``; ``--cases`` also
+reaches a few cases outside gpu.py's tables, ``NAMED_DEPTHWISE_CASES`` and
+``NAMED_RESAMPLE_CASES``), and groups with
 ``--groups``: ``--groups "read ahead"`` times the current launch against the one
 that differs in that option alone, two compiles per op, which is how to try an
 option on a GPU. The depthwise ``backward`` is the forward op's backward, both
@@ -256,9 +258,17 @@ class Op(NamedTuple):
 Case = tuple[str, str, Callable[[], dict[str, Op]]]
 
 
-def depthwise_cases(smoke: bool, torch: Any = None) -> Iterator[Case]:
-    """Every depthwise case, layout, dtype and op of gpu.py."""
-    cases = gpu.CASES[-1:] if smoke else gpu.CASES
+# Cases no table of benchmarks/gpu.py holds, which only ``--cases`` reaches: the
+# kernels whose code was cut down for Triton's compile time, to time against the
+# code before the cut (benchmarks/compare.py; docs/performance.md says how).
+NAMED_DEPTHWISE_CASES = [("[32,56,56,96] 7x7 s1", (32, 56, 56, 96), (7, 7, 1), 1)]
+NAMED_RESAMPLE_CASES = [("NHWC", (32, 64, 64, 64), (1, 2), "linear", 8.0)]
+
+
+def depthwise_cases(smoke: bool, torch: Any = None, named: bool = False) -> Iterator[Case]:
+    """Every depthwise case, layout, dtype and op of gpu.py, and the named cases
+    where ``named``."""
+    cases = gpu.CASES[-1:] if smoke else gpu.CASES + (NAMED_DEPTHWISE_CASES if named else [])
     for _, (n, h, w, c), (fh, fw, m), stride in cases:
         if smoke:
             n, h, w, c = 1, 9, 10, 4
@@ -293,9 +303,11 @@ def depthwise_ops(fmt: str, shapes: tuple, stride: int, dtype: str, torch: Any) 
     return ops
 
 
-def resample_cases(smoke: bool, torch: Any = None) -> Iterator[Case]:
-    """Every resample case, dtype and op of gpu.py."""
-    for layout, shape, axes, mode, scale in gpu.resample_cases(smoke)[: 1 if smoke else None]:
+def resample_cases(smoke: bool, torch: Any = None, named: bool = False) -> Iterator[Case]:
+    """Every resample case, dtype and op of gpu.py, and the named cases where ``named``."""
+    cases = gpu.resample_cases(smoke)
+    cases = cases[:1] if smoke else cases + (NAMED_RESAMPLE_CASES if named else [])
+    for layout, shape, axes, mode, scale in cases:
         for dtype in gpu.DTYPES[-1:] if smoke else gpu.DTYPES:
             case = f"{list(shape)} {layout} {mode} {scale}x {dtype}"
             build = functools.cache(partial(resample_ops, shape, axes, mode, scale, dtype, torch))
@@ -522,7 +534,7 @@ def main() -> None:
 
     save()
     for family in args.family:
-        for case, op, build in CASES[family](args.smoke, torch):
+        for case, op, build in CASES[family](args.smoke, torch, named=bool(args.cases)):
             if not gpu.chosen(case, args.cases):
                 continue
             if args.ops and op not in args.ops:

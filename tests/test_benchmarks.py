@@ -117,6 +117,24 @@ def test_tune_smoke(tmp_path, monkeypatch):
     assert all(f"| {tune.fastest_peer(row)[0]} |" in result.stdout for row in rows)
 
 
+def test_tune_and_compare_reach_the_named_cases_through_cases_alone(monkeypatch):
+    """The cases outside benchmarks/gpu.py's tables (a 7x7 filter, an 8x upsampling)
+    are built only where ``--cases`` asks for cases: a run without it times
+    gpu.py's cases, as it always did."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    for family, name in (("depthwise", "[32,56,56,96] 7x7 s1"), ("resample", "linear 8.0x")):
+        plain = [case for case, _, _ in tune.CASES[family](False)]
+        named = [case for case, _, _ in tune.CASES[family](False, named=True)]
+        assert not any(name in case for case in plain)
+        assert [case for case in named if name not in case] == plain
+        assert any(name in case for case in named)
+        assert [case for case, _, _ in tune.CASES[family](True, named=True)] == [
+            case for case, _, _ in tune.CASES[family](True)
+        ]  # a smoke run keeps its tiny case
+
+
 def test_tune_knows_every_launch_field(monkeypatch):
     """``benchmarks/tune.py`` imposes a launch by its fields: a field a kernel
     family's launch gains must be one tune.py reads, or every candidate would run
