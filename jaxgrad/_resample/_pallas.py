@@ -50,7 +50,8 @@ _MAX_UNROLLED_TAPS = 16
 # The most column reads a row's unrolled taps may hold: row taps times each one's
 # unrolled column reads. Past it the row taps are summed in a loop: Triton's
 # compile time grows faster than the code it compiles, and 16 row taps of 16
-# column taps each (the gradient of a 2-D 8x upsampling) took it minutes.
+# column taps each (the gradient of a 2-D 8x upsampling) made the kernel the
+# slowest to compile by far.
 _MAX_UNROLLED_READS = 64
 # The largest count, index or offset an int32 holds.
 _MAX_INT32 = 2**31 - 1
