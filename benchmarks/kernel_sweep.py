@@ -14,8 +14,9 @@ through the whole way a GPU's compile goes: JAX's Triton lowering, Triton to
 PTX, and ``ptxas`` (the one Triton ships) to machine code. It prints each
 configuration a stage refuses, each kernel that spills registers, and each that
 took Triton longer than ``--slow`` seconds to compile (a GPU's compile of a
-program that holds it takes as long), with the call that builds it; then how
-many compiled. It exits with 1 when a stage refused one.
+program that holds it takes as long; the run compiles with a Triton cache of
+its own, so every compile is a first one), with the call that builds it; then
+how many compiled. It exits with 1 when a stage refused one.
 
 Configuration ``i`` is drawn from ``--seed`` and ``i`` alone, so a run names
 what it found reproducibly: ``--start 17 --count 1`` compiles the 17th again.
@@ -28,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import random
 import subprocess
@@ -36,6 +38,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import gpu
 import jax
@@ -270,10 +273,15 @@ def main() -> int:
     except ImportError:
         raise SystemExit("kernel_sweep.py needs the triton package: pip install triton") from None
     records = []
-    for family in args.family:
-        for number in range(args.start, args.start + args.count):
-            records.append(compiled(drawn(family, number, args.seed), args.arch))
-            print(f"{name(records[-1])}: {records[-1].get('stage', 'compiled')}", file=sys.stderr)
+    # A cache of the run's own: each kernel's seconds are a first compile, as a
+    # GPU's first run of a program has, not a hit in the cache of an earlier run.
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ):
+        os.environ["TRITON_CACHE_DIR"] = cache
+        for family in args.family:
+            for number in range(args.start, args.start + args.count):
+                records.append(compiled(drawn(family, number, args.seed), args.arch))
+                stage = records[-1].get("stage", "compiled")
+                print(f"{name(records[-1])}: {stage}", file=sys.stderr)
     lines, refused = summary(records, args.slow)
     print("\n".join(lines))
     print(f"(Triton {triton.__version__}, {args.arch}, seed {args.seed})")
