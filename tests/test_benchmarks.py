@@ -393,6 +393,18 @@ def test_kernel_sweep_draws_each_configuration_from_its_number_and_the_seed(monk
         assert sweep.drawn(family, 3, seed=1).call != calls[3]
 
 
+def test_kernel_sweep_draws_every_launch_the_lowering_properties_draw(monkeypatch):
+    """The sweep takes to Triton and ptxas at least the launch options the suite's
+    lowering properties take through JAX's lowering: an option added to those is
+    swept too."""
+    from test_depthwise_implementations import LOWERED_LAUNCHES
+    from test_resample_implementations import LOWERED_OPTIONS
+
+    sweep = kernel_sweep_with(monkeypatch, None)
+    assert all(fields in sweep.DEPTHWISE_LAUNCHES for fields in LOWERED_LAUNCHES)
+    assert all(fields in sweep.RESAMPLE_LAUNCHES for fields in LOWERED_OPTIONS)
+
+
 @needs_kernels
 def test_kernel_sweep_compiles_every_kernel_of_a_step_with_its_launch(monkeypatch):
     """A drawn step reaches every kernel of its family, each compiled under the
