@@ -185,7 +185,8 @@ def described(error: Exception) -> str:
 
 def compiled(config: Config, arch: str) -> dict[str, Any]:
     """``config``'s kernels through JAX's lowering, Triton and ptxas: each
-    kernel's registers and spilled bytes, or the stage that refused and why."""
+    kernel's registers, spilled bytes and seconds in Triton, or the stage that
+    refused and why."""
     record: dict[str, Any] = {
         "family": config.family,
         "number": config.number,
