@@ -383,6 +383,15 @@ def kernel_sweep_with(monkeypatch, compile_report):
     return kernel_sweep
 
 
+def test_kernel_sweep_says_what_it_needs():
+    # Without the triton package (CI has none) it stops at once and says how to get it.
+    result = run_script("benchmarks/kernel_sweep.py", "--count", "1", "--family", "resample")
+    if result.returncode == 0:  # a machine with triton compiled the configuration
+        assert "1 configurations, 1 compiled" in result.stdout
+        return
+    assert "kernel_sweep.py needs the triton package: pip install triton" in result.stderr
+
+
 def test_kernel_sweep_draws_each_configuration_from_its_number_and_the_seed(monkeypatch):
     """So that a run can name what it found, and ``--start N --count 1`` builds it again."""
     sweep = kernel_sweep_with(monkeypatch, None)
