@@ -118,18 +118,23 @@ def test_tune_smoke(tmp_path, monkeypatch):
 
 
 def test_tune_and_compare_reach_the_named_cases_through_cases_alone(monkeypatch):
-    """The cases outside benchmarks/gpu.py's tables (a 7x7 filter, an 8x upsampling)
-    are built only where ``--cases`` asks for cases: a run without it times
-    gpu.py's cases, as it always did."""
+    """The cases outside benchmarks/gpu.py's tables (a 7x7 and a wide 5x5 filter,
+    an 8x upsampling) are built only where ``--cases`` asks for cases: a run
+    without it times gpu.py's cases, as it always did."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import tune
 
-    for family, name in (("depthwise", "[32,56,56,96] 7x7 s1"), ("resample", "linear 8.0x")):
+    names = {
+        "depthwise": ["[32,56,56,96] 7x7 s1", "[32,112,112,32] 5x5 s1"],
+        "resample": ["linear 8.0x"],
+    }
+    for family, family_names in names.items():
         plain = [case for case, _, _ in tune.CASES[family](False)]
         named = [case for case, _, _ in tune.CASES[family](False, named=True)]
-        assert not any(name in case for case in plain)
-        assert [case for case in named if name not in case] == plain
-        assert any(name in case for case in named)
+        for name in family_names:
+            assert not any(name in case for case in plain)
+            assert any(name in case for case in named)
+        assert [case for case in named if not any(n in case for n in family_names)] == plain
         assert [case for case, _, _ in tune.CASES[family](True, named=True)] == [
             case for case, _, _ in tune.CASES[family](True)
         ]  # a smoke run keeps its tiny case

@@ -941,6 +941,50 @@ def test_the_benchmark_cases_get_the_searched_launches(
         assert warps >= _pallas._MIN_WARPS or launch.rows == 1, kernel
 
 
+def sums_per_thread(conv, launch):
+    """The float32 sums a filter-gradient thread holds: a tap of its largest
+    group for each element of its tile."""
+    taps = max(end - start for start, end in _pallas._tap_groups(conv, launch))
+    return taps * launch.cols * launch.channels / (32 * launch.warps)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("kernel", [(3, 3), (4, 4), (5, 5), (7, 7), (3, 5), (1, 9)])
+@pytest.mark.parametrize("width", [56, 94, 112, 137])
+def test_a_filter_gradient_thread_holds_no_more_sums_than_a_3x3_filters(data_format, kernel, width):
+    # The cuts were searched with 3x3 filters, which hold the most sums a thread in
+    # NCHW's; a larger filter's group of taps holds more, which at the same tile
+    # crowd out the windows beside them. Its tile narrows to the widest of its cut
+    # that holds no more than the 3x3's.
+    def filter_launch(kernel, data_format, width):
+        n, h, c = 8, 112, 32
+        shape = (n, h, width, c) if data_format == "NHWC" else (n, c, h, width)
+        conv = _plan.configure(
+            "test", shape, (*kernel, c, 1), (1, 1), "SAME", data_format, (1, 1), ()
+        )
+        return conv, _pallas._launch(conv, False, "filter")
+
+    most = sums_per_thread(*filter_launch((3, 3), "NCHW", 112))
+    conv, launch = filter_launch(kernel, data_format, width)
+    assert sums_per_thread(conv, launch) <= most
+    whole = launch.cols * launch.channels == _pallas._cut(conv, "filter").tile
+    wider = dataclasses.replace(launch, cols=2 * launch.cols)
+    assert whole or launch.cols >= width or sums_per_thread(conv, wider) > most
+    if data_format == "NCHW" and kernel in [(5, 5), (7, 7)] and width > 64:
+        assert launch.cols == 64  # half the 3x3's 128 columns
+
+
+@needs_kernels
+def test_a_narrowed_tile_sums_a_wide_image():
+    # A 5x5 filter's gradient in NCHW sums an image of 70 columns in tiles of 64
+    # (a 3x3 filter's would span 128): two column tiles, the second 6 columns.
+    cfg = make_cfg((1, 6, 70, 8), (5, 5, 8, 1), (1, 1), (1, 1), "SAME")
+    assert _pallas._launch(configured(cfg, "NCHW"), True, "filter").cols == 64
+    (x, _, dy), (x64, _, dy64) = operands(cfg, "NCHW", jnp.float64, seed=8)
+    df = three_ops(cfg, "NCHW", implementation="pallas")["backprop_filter"](x, dy)
+    np.testing.assert_allclose(df, ref_backprop_filter(x64, dy64, cfg), rtol=1e-10, atol=1e-10)
+
+
 @needs_kernels
 def test_the_partials_of_many_programs_are_added_block_by_block(monkeypatch):
     # The last kernel of the filter gradient adds the partials in blocks of

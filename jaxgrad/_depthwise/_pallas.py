@@ -221,6 +221,13 @@ _MOST_ROWS = {"forward": 8, "input": 8, "filter": 16}
 # warps each at once, so these make 1.3-4 waves: no multiprocessor left without
 # work, and a last wave cut short costs a fraction of the whole.
 _MIN_WARPS = 8192
+# Float32 sums a thread of the filter gradient holds at most: one per tap of its
+# group for each element of the tile it owns. The cuts were searched with 3x3
+# filters, 9 taps at 8 elements a thread in the NCHW cut; a group of a larger
+# filter (up to ``_Launch.taps``) at that tile takes nearly every register a
+# thread has, with the windows beside the sums, and spills some, so its tile is
+# narrowed to hold no more sums than a 3x3 filter's (``_holding_its_sums``).
+_MOST_SUMS = 72
 
 
 def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
@@ -248,8 +255,21 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         walk_warps=cut.walk_warps,
         walk_channels=cut.walk_channels,
     )
+    if kernel == "filter":
+        launch = _holding_its_sums(conv, launch)
     while launch.rows > 1 and math.prod(_grid(conv, launch, kernel)) * launch.warps < _MIN_WARPS:
         launch = dataclasses.replace(launch, rows=launch.rows // 2)
+    return launch
+
+
+def _holding_its_sums(conv: Conv, launch: _Launch) -> _Launch:
+    """The filter gradient's ``launch``, its tile's columns halved while a thread
+    would hold more than ``_MOST_SUMS`` sums: one per tap of the largest group of
+    taps (``_tap_groups``) for each element of the tile it owns."""
+    taps = max(end - start for start, end in _tap_groups(conv, launch))
+    threads = 32 * launch.warps
+    while launch.cols > 1 and taps * launch.cols * launch.channels > _MOST_SUMS * threads:
+        launch = dataclasses.replace(launch, cols=launch.cols // 2)
     return launch
 
 
