@@ -975,11 +975,15 @@ def test_a_filter_gradient_thread_holds_no_more_sums_than_a_3x3_filters(data_for
 
 
 @needs_kernels
-def test_a_narrowed_tile_sums_a_wide_image():
-    # A 5x5 filter's gradient in NCHW sums an image of 70 columns in tiles of 64
-    # (a 3x3 filter's would span 128): two column tiles, the second 6 columns.
-    cfg = make_cfg((1, 6, 70, 8), (5, 5, 8, 1), (1, 1), (1, 1), "SAME")
-    assert _pallas._launch(configured(cfg, "NCHW"), True, "filter").cols == 64
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_narrowed_tile_sums_a_wide_image(stride):
+    # A 5x5 filter's gradient in NCHW sums an output of 70 columns in tiles of 64
+    # (a 3x3 filter's would span 128): two column tiles, the second 6 columns. At
+    # stride 2 each tile reads its windows as runs of column pairs.
+    cfg = make_cfg((1, 6, 70 * stride, 8), (5, 5, 8, 1), (stride, stride), (1, 1), "SAME")
+    launch = _pallas._launch(configured(cfg, "NCHW"), True, "filter")
+    assert launch.cols == 64
+    assert launch.wide_strided_reads
     (x, _, dy), (x64, _, dy64) = operands(cfg, "NCHW", jnp.float64, seed=8)
     df = three_ops(cfg, "NCHW", implementation="pallas")["backprop_filter"](x, dy)
     np.testing.assert_allclose(df, ref_backprop_filter(x64, dy64, cfg), rtol=1e-10, atol=1e-10)
