@@ -3,7 +3,8 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_sweep.py [--family depthwise resample] [--count 40]
                                       [--start 0] [--seed 0] [--arch sm_90a]
-                                      [--slow 10] [--json sweep.json]
+                                      [--slow 10] [--registers 200]
+                                      [--json sweep.json]
 
 The test suite lowers the kernels for CUDA over its reference configurations:
 JAX's half of compiling them. This draws configurations at the sizes a GPU
@@ -15,8 +16,11 @@ PTX, and ``ptxas`` (the one Triton ships) to machine code. It prints each
 configuration a stage refuses, each kernel that spills registers, and each that
 took Triton longer than ``--slow`` seconds to compile (a GPU's compile of a
 program that holds it takes as long; the run compiles with a Triton cache of
-its own, so every compile is a first one), with the call that builds it; then
-how many compiled. It exits with 1 when a stage refused one.
+its own, so every compile is a first one), and each that takes more than
+``--registers`` registers a thread without spilling (ptxas has 255 at most:
+near them a kernel leaves a multiprocessor room for the fewest programs, and
+a little more code spills), with the call that builds it; then how many
+compiled. It exits with 1 when a stage refused one.
 
 Configuration ``i`` is drawn from ``--seed`` and ``i`` alone, so a run names
 what it found reproducibly: ``--start 17 --count 1`` compiles the 17th again.
@@ -50,6 +54,10 @@ from jaxgrad._depthwise import _pallas as depthwise_kernels
 from jaxgrad._resample import _pallas as resample_kernels
 
 FAMILIES = ("depthwise", "resample")
+# Registers a thread past which a run names a kernel that does not spill: ptxas
+# allots 255 at most, and a kernel near them spills at a little more code (a
+# program of 4 warps leaves an H100's multiprocessor room for two at most).
+REGISTERS = 200
 DTYPES = ("float16", "bfloat16", "float32")
 
 # Launch fields a GPU run may time (benchmarks/tune.py's groups), set over the
@@ -225,9 +233,12 @@ def compiled(config: Config, arch: str) -> dict[str, Any]:
     return record
 
 
-def summary(records: list[dict[str, Any]], slow: float) -> tuple[list[str], bool]:
+def summary(
+    records: list[dict[str, Any]], slow: float, registers: int = REGISTERS
+) -> tuple[list[str], bool]:
     """The lines a run prints for ``records``, and whether any stage refused: the
-    refusals, then the kernels that spill or took Triton over ``slow`` seconds."""
+    refusals, then the kernels that spill, take more than ``registers`` registers
+    without spilling, or took Triton over ``slow`` seconds."""
     refused = [r for r in records if "stage" in r]
     lines = []
     for r in refused:
@@ -239,6 +250,11 @@ def summary(records: list[dict[str, Any]], slow: float) -> tuple[list[str], bool
                 lines.append(
                     f"{name(r)} {k['name']} spills {k['spilled']} bytes at "
                     f"{k['registers']} registers: {r['call']}, launch {r['launch']}"
+                )
+            elif k["registers"] > registers:
+                lines.append(
+                    f"{name(r)} {k['name']} takes {k['registers']} registers: "
+                    f"{r['call']}, launch {r['launch']}"
                 )
             if k["seconds"] > slow:
                 lines.append(
@@ -267,6 +283,12 @@ def main() -> int:
     parser.add_argument(
         "--slow", type=float, default=10.0, help="name kernels Triton compiles slower (seconds)"
     )
+    parser.add_argument(
+        "--registers",
+        type=int,
+        default=REGISTERS,
+        help="name kernels that take more registers a thread",
+    )
     parser.add_argument("--json", type=pathlib.Path, help="write every configuration's record")
     args = parser.parse_args()
     try:
@@ -283,7 +305,7 @@ def main() -> int:
                 records.append(compiled(drawn(family, number, args.seed), args.arch))
                 stage = records[-1].get("stage", "compiled")
                 print(f"{name(records[-1])}: {stage}", file=sys.stderr)
-    lines, refused = summary(records, args.slow)
+    lines, refused = summary(records, args.slow, args.registers)
     print("\n".join(lines))
     print(f"(Triton {triton.__version__}, {args.arch}, seed {args.seed})")
     if args.json:

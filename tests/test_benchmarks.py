@@ -447,7 +447,12 @@ def test_kernel_sweep_names_the_stage_that_refused_and_the_spills(monkeypatch):
             raise subprocess.CalledProcessError(255, "ptxas", stderr="ptxas fatal: out of range")
         slow = "module @_partials_kernel" in ir
         spills = "module @_input_kernel" in ir
-        return {"registers": 80, "spilled": 56 if spills else 0, "seconds": 25.0 if slow else 0.5}
+        crowded = "module @_forward_kernel" in ir
+        return {
+            "registers": 240 if crowded else 80,
+            "spilled": 56 if spills else 0,
+            "seconds": 25.0 if slow else 0.5,
+        }
 
     sweep = kernel_sweep_with(monkeypatch, compile_report)
     refused = sweep.compiled(sweep.drawn("depthwise", 0, seed=0), "sm_90a")
@@ -476,9 +481,13 @@ def test_kernel_sweep_names_the_stage_that_refused_and_the_spills(monkeypatch):
         f"depthwise #0 _input_kernel spills 56 bytes at 80 registers: {refused['call']}",
         f"depthwise #0 _partials_kernel took Triton 25.0 s to compile: {refused['call']}",
         f"resample #0 _kernel spills 56 bytes at 80 registers: {spilled['call']}",
+        f"depthwise #0 _forward_kernel takes 240 registers: {refused['call']}",
     ):
         assert line in found
     assert "resample #0 _kernel took" not in found  # 12.5 s: under 20
+    assert "takes 80 registers" not in found  # under the 200 a run names by default
+    roomy = sweep.summary([refused], slow=20, registers=240)[0]
+    assert not any("takes" in line for line in roomy)  # 240: not over 240
     assert lines[-1].startswith("3 configurations, 1 compiled")
     assert not sweep.summary([spilled], slow=20)[1]  # a spill is reported, not a refusal
 
