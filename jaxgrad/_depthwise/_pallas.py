@@ -224,8 +224,8 @@ _MIN_WARPS = 8192
 # Float32 sums a thread of the filter gradient holds at most: one per tap of its
 # group for each element of the tile it owns. The cuts were searched with 3x3
 # filters, 9 taps at 8 elements a thread in the NCHW cut; a group of a larger
-# filter (up to ``_Launch.taps``) at that tile takes nearly every register a
-# thread has, with the windows beside the sums, and spills some, so its tile is
+# filter (up to ``_Launch.taps``) at that tile can take nearly every register a
+# thread has, with the windows beside the sums, and spill some, so its tile is
 # narrowed to hold no more sums than a 3x3 filter's (``_holding_its_sums``).
 _MOST_SUMS = 72
 
