@@ -952,10 +952,10 @@ def sums_per_thread(conv, launch):
 @pytest.mark.parametrize("kernel", [(3, 3), (4, 4), (5, 5), (7, 7), (3, 5), (1, 9)])
 @pytest.mark.parametrize("width", [56, 94, 112, 137])
 def test_a_filter_gradient_thread_holds_no_more_sums_than_a_3x3_filters(data_format, kernel, width):
-    # The cuts were searched with 3x3 filters, which hold the most sums a thread in
-    # NCHW's; a larger filter's group of taps holds more, which at the same tile
-    # crowd out the windows beside them. Its tile narrows to the widest of its cut
-    # that holds no more than the 3x3's.
+    # The cuts were searched with 3x3 filters, whose NCHW tile holds the most sums
+    # a thread; a larger filter's group of taps holds more at the same tile,
+    # crowding out the windows beside them. Its tile narrows to the widest of its
+    # cut that holds no more than the 3x3's.
     def filter_launch(kernel, data_format, width):
         n, h, c = 8, 112, 32
         shape = (n, h, width, c) if data_format == "NHWC" else (n, c, h, width)
