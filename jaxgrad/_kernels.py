@@ -49,6 +49,7 @@ __all__ = [
     "masked_index",
     "pl",
     "plgpu",
+    "row_aligned",
     "shift_groups",
     "thread_columns",
     "varying_as",
@@ -143,6 +144,17 @@ def thread_columns(elements: int, columns: int, warps: int, dtype: Any) -> int:
     where that is less."""
     per_thread = elements // (32 * warps)
     return max(1, min(16 // int(jnp.dtype(dtype).itemsize), per_thread, columns))
+
+
+def row_aligned(group: int, row_length: int) -> int:
+    """The columns of a thread's ``group`` (a power of two) that start on a
+    vector's alignment in every row of an array whose minor axis holds
+    ``row_length`` elements. Row ``r`` starts at element ``r * row_length``, so
+    Triton, which proves a vector's alignment from the factors of its offset,
+    finds a row start aligned only to the powers of two dividing the length: in
+    an array of odd rows it loads every run an element at a time, read from
+    aligned columns or not."""
+    return math.gcd(group, row_length)
 
 
 def fewer_loads_aligned(shift: int, group: int) -> bool:

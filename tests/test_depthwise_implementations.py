@@ -619,22 +619,23 @@ def test_strided_columns_written_in_pairs(
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("kernel", "strides", "dilations", "padding", "dtype"),
+    ("kernel", "strides", "dilations", "padding", "dtype", "width"),
     [
         # Windows at column offsets -1, 0, 1: one column off the groups each way.
-        ((3, 3), (1, 1), (1, 1), "SAME", jnp.float32),
+        ((3, 3), (1, 1), (1, 1), "SAME", jnp.float32, 40),
         # Offsets -2 to 2 in groups of 8: moved two columns, and a half group
         # (4 in 8, at offset 2 of a stride-2 run of pairs) read as it was.
-        ((5, 5), (1, 2), (1, 1), "SAME", jnp.bfloat16),
+        ((5, 5), (1, 2), (1, 1), "SAME", jnp.bfloat16, 40),
         # Offsets 0, 3, 6, 9 in groups of 8: read from 0 and moved 3 columns left,
         # from 8 and moved 2 right, from 8 and moved 1 left.
-        ((2, 4), (2, 1), (1, 3), "VALID", jnp.bfloat16),
-        # The input gradient's phases at stride 2, offsets -1 and 0.
-        ((3, 2), (2, 2), (2, 1), "EXPLICIT", jnp.float32),
+        ((2, 4), (2, 1), (1, 3), "VALID", jnp.bfloat16, 40),
+        # The input gradient's phases at stride 2, offsets -1 and 0, in an output
+        # gradient of 24 columns.
+        ((3, 2), (2, 2), (2, 1), "EXPLICIT", jnp.float32, 45),
     ],
 )
 def test_unaligned_columns_read_from_aligned_vectors(
-    kernel, strides, dilations, padding, dtype, monkeypatch
+    kernel, strides, dilations, padding, dtype, width, monkeypatch
 ):
     # In NCHW a launch may read a run of columns that starts off a vector's
     # alignment from the aligned vectors under it, plus an element a thread for
@@ -653,12 +654,16 @@ def test_unaligned_columns_read_from_aligned_vectors(
         _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
     )
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
-    cfg = make_cfg((2, 7, 41, 3), (*kernel, 3, 2), strides, dilations, padding, explicit)
+    # Rows of a multiple of 8 columns (or of 4, float32) start on a vector's
+    # alignment (``_kernels.row_aligned``).
+    cfg = make_cfg((2, 7, width, 3), (*kernel, 3, 2), strides, dilations, padding, explicit)
     (x, f, dy), (x64, f64, dy64) = operands(cfg, "NCHW", dtype, seed=kernel[1])
-    x64[1, 3, 40, 2] = np.inf
-    x = x.at[1, 2, 3, 40].set(jnp.inf)
+    x64[1, 3, width - 1, 2] = np.inf
+    x = x.at[1, 2, 3, width - 1].set(jnp.inf)
     ops = three_ops(cfg, "NCHW", implementation="pallas")
-    got, given = under_both_launches(monkeypatch, "aligned_reads", ops, "NCHW", x, f, dy)
+    with mock.patch.object(_kernels, "aligned_run", wraps=_kernels.aligned_run) as moved:
+        got, given = under_both_launches(monkeypatch, "aligned_reads", ops, "NCHW", x, f, dy)
+    assert moved.called
     assert {launch.aligned_reads for launch in given} == {False, True}
     groups = {_kernels.thread_columns(g.cols * g.channels, g.cols, g.warps, dtype) for g in given}
     assert groups == {4 if dtype == jnp.float32 else 8}
@@ -669,6 +674,30 @@ def test_unaligned_columns_read_from_aligned_vectors(
             message = f"{name}, aligned reads: {aligned}"
             np.testing.assert_array_equal(results[name][~finite], want[~finite], err_msg=message)
             assert relative_error(results[name][finite], want[finite]) < tolerance, message
+
+
+@needs_kernels
+@pytest.mark.parametrize(("width", "moved"), [(40, True), (44, True), (42, False), (41, False)])
+def test_columns_are_read_from_aligned_vectors_where_rows_start_aligned(width, moved, monkeypatch):
+    # Row r of an NCHW array starts at element r * width, so Triton finds its runs
+    # aligned only to the powers of two dividing the width: 8 columns of bfloat16
+    # at 40, 4 at 44, 2 at 42, none at 41. A window one column off the groups
+    # (8 columns a thread here) is read from the aligned vectors under it where
+    # they hold 4 columns or more; at 42 and 41 the aligned run would load in as
+    # many pieces as the window itself, so the window is read as it is.
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)
+    chosen = _pallas._launch
+    monkeypatch.setattr(
+        _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
+    )
+    cfg = make_cfg((1, 4, width, 8), (3, 3, 8, 1), (1, 1), (1, 1), "SAME")
+    (x, f, _), (x64, f64, _) = operands(cfg, "NCHW", jnp.bfloat16)
+    forward = three_ops(cfg, "NCHW", implementation="pallas")["forward"]
+    jax.clear_caches()  # no kernel traced for another width's test is reused
+    with mock.patch.object(_kernels, "aligned_run", wraps=_kernels.aligned_run) as aligned_run:
+        y = from_nchw(np.asarray(forward(x, f), np.float64))
+    assert aligned_run.called == moved
+    assert relative_error(y, ref_forward(x64, f64, cfg)) < 1e-2
 
 
 @needs_kernels

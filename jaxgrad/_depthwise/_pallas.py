@@ -419,9 +419,11 @@ def _read_columns(
     size) + shift``, zero where the scalar ``row_ok`` or the tile's flag per column
     ``keep`` is false. In NCHW under ``_Launch.aligned_reads`` a run that starts
     off a vector's alignment is read from aligned vectors where that takes fewer
-    loads (``_kernels.aligned_run``)."""
+    loads (``_kernels.aligned_run``), in rows whose length lets them start
+    aligned (``_kernels.row_aligned``)."""
     elements = size * chans.shape[0]
     group = _kernels.thread_columns(elements, size, launch.warps, ref.dtype)
+    group = _kernels.row_aligned(group, ref.shape[-1])
     aligned = launch.aligned_reads and conv.nchw
     if not (aligned and _kernels.fewer_loads_aligned(shift, group)):
         wanted = row_ok if keep is None else row_ok & keep

@@ -381,6 +381,7 @@ def _kernel(
         # is read from aligned vectors where that takes fewer loads.
         elements = math.prod(lead) * pairs.inputs * lanes
         group = _kernels.thread_columns(elements, pairs.inputs * lanes, launch.warps, x_ref.dtype)
+        group = _kernels.row_aligned(group, cols_in)
 
         def read_run(in_cols: jax.Array) -> jax.Array:
             return read(in_row, in_cols, in_cols < cols_in)
