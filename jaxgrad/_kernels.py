@@ -152,7 +152,7 @@ def row_aligned(group: int, row_length: int) -> int:
     ``row_length`` elements. Row ``r`` starts at element ``r * row_length``, so
     Triton, which proves a vector's alignment from the factors of its offset,
     finds a row start aligned only to the powers of two dividing the length: in
-    an array of odd rows it loads every run an element at a time, read from
+    rows of an odd length it loads every run an element at a time, read from
     aligned columns or not."""
     return math.gcd(group, row_length)
 
