@@ -617,6 +617,16 @@ def test_strided_columns_written_in_pairs(
     assert relative_error(got[True]["backprop_input"][finite], want[finite]) < 1e-6
 
 
+def launch_on_one_warp(monkeypatch):
+    """Every kernel launched on one warp, programs owning many rows: a wide tile on
+    few warps gives each thread a group of columns (4 of float32, 8 of 16 bits)."""
+    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)
+    chosen = _pallas._launch
+    monkeypatch.setattr(
+        _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
+    )
+
+
 @needs_kernels
 @pytest.mark.parametrize(
     ("kernel", "strides", "dilations", "padding", "dtype", "width"),
@@ -648,11 +658,7 @@ def test_unaligned_columns_read_from_aligned_vectors(
     # the output). (The two programs are not compared bit for bit: in interpret
     # mode XLA:CPU may fuse a product and its sum into one rounding in one of them
     # and not in the other.)
-    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)  # many rows a program
-    chosen = _pallas._launch
-    monkeypatch.setattr(
-        _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
-    )
+    launch_on_one_warp(monkeypatch)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
     # Rows of a multiple of 8 columns (or of 4, float32) start on a vector's
     # alignment (``_kernels.row_aligned``).
@@ -685,11 +691,7 @@ def test_columns_are_read_from_aligned_vectors_where_rows_start_aligned(width, m
     # (8 columns a thread here) is read from the aligned vectors under it where
     # they hold 4 columns or more; at 42 and 41 the aligned run would load in as
     # many pieces as the window itself, so the window is read as it is.
-    monkeypatch.setattr(_pallas, "_MIN_WARPS", 0)
-    chosen = _pallas._launch
-    monkeypatch.setattr(
-        _pallas, "_launch", lambda *args: dataclasses.replace(chosen(*args), warps=1)
-    )
+    launch_on_one_warp(monkeypatch)
     cfg = make_cfg((1, 4, width, 8), (3, 3, 8, 1), (1, 1), (1, 1), "SAME")
     (x, f, _), (x64, f64, _) = operands(cfg, "NCHW", jnp.bfloat16)
     forward = three_ops(cfg, "NCHW", implementation="pallas")["forward"]
