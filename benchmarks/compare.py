@@ -142,7 +142,8 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line this script reads (benchmarks/lease.py checks its steps' with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", help="a version of the family's _pallas.py")
     parser.add_argument("--family", choices=list(PACKAGES), default="depthwise")
@@ -153,7 +154,11 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny case on the CPU: checks the script"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     torch = tune.start(args, "benchmarks/compare.py")
     kernels = load(args.file, args.family)
     results: dict[str, Any] = {

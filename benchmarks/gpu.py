@@ -1131,8 +1131,8 @@ def narrow(args: argparse.Namespace) -> None:
         raise SystemExit(f"benchmarks/gpu.py: no case name contains any of {args.cases}")
 
 
-def main() -> None:
-    global TORCH_DEVICE, THREADS
+def arguments() -> argparse.ArgumentParser:
+    """The command line this script reads (benchmarks/lease.py checks its steps' with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per row (median)")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
@@ -1191,7 +1191,12 @@ def main() -> None:
         help="a few tiny cases on any backend (PyTorch, if installed, on the CPU): "
         "checks that the script runs",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    global TORCH_DEVICE, THREADS
+    args = arguments().parse_args()
     THREADS = args.threads
     torch = None
     if args.smoke:

@@ -502,7 +502,8 @@ def start(args: argparse.Namespace, script: str) -> Any:
     return None
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line this script reads (benchmarks/lease.py checks its steps' with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--cases", nargs="+", default=[], help="only cases containing one of these")
@@ -523,7 +524,11 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny case per family on the CPU: checks the script"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     torch = start(args, "benchmarks/tune.py")
     results: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),

@@ -10,6 +10,7 @@ import json
 import math
 import pathlib
 import re
+import shlex
 import subprocess
 import time
 
@@ -1102,3 +1103,154 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
         "_sum_kernel": 4,
         "_kernel": 1,
     }
+
+
+# --------------------------------------------------------------------------------------
+# benchmarks/lease.py
+# --------------------------------------------------------------------------------------
+def lease_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import lease
+
+    return lease
+
+
+def test_lease_builds_each_kernels_file_it_compares(monkeypatch, tmp_path):
+    """Each step that compares kernels gets the library's file with its options set
+    otherwise: every substitution matches (a renamed option fails here, not on a
+    lent GPU), the file differs from the library's and loads beside it; a
+    substitution that matches nothing is an error naming the file."""
+    lease = lease_module(monkeypatch)
+    import compare
+
+    variants = [step for step in lease.STEPS if step.variant]
+    assert {step.variant.family for step in variants} == {"depthwise", "resample"}
+    for step in variants:
+        text = step.variant.text()
+        library = lease.KERNELS[step.variant.family].read_text()
+        for old, new in step.variant.substitutions:
+            assert old in library and new in text and old not in text, (step.name, old)
+        path = tmp_path / f"{step.name}.py"
+        path.write_text(text)
+        compare.load(str(path), step.variant.family)
+    renamed = lease.Variant("depthwise", (("no_such_option=True", "no_such_option=False"),))
+    with pytest.raises(ValueError, match=r"_depthwise/_pallas.py has no 'no_such_option=True'"):
+        renamed.text()
+
+
+def test_lease_steps_ask_their_scripts_for_cases_and_ops_they_have(monkeypatch):
+    """Every step's command line parses with its script's own parser, and each of
+    its ``--cases`` names a case of its family and each of its ``--ops`` an op
+    (a script would otherwise run no row, and a lease's minutes would pass)."""
+    lease = lease_module(monkeypatch)
+    import compare
+    import gpu
+    import tune
+
+    scripts = {"compare.py": compare, "tune.py": tune, "gpu.py": gpu}
+    for step in lease.STEPS:
+        given = ["kernels.py"] if step.variant else []
+        args = scripts[step.script].arguments().parse_args(given + shlex.split(step.args))
+        families = getattr(args, "family", ["depthwise", "resample"])
+        families = [families] if isinstance(families, str) else families
+        cases = [
+            (case, op)
+            for family in families
+            for case, op, _ in tune.CASES[family](False, named=True)
+        ]
+        for part in getattr(args, "cases", []):
+            assert any(part in case for case, _ in cases), (step.name, part)
+        for op in getattr(args, "ops", []):
+            assert any(op == case_op for _, case_op in cases), (step.name, op)
+    assert len({step.name for step in lease.STEPS}) == len(lease.STEPS)
+
+
+def test_lease_gives_each_step_its_limit_and_stops_at_the_budget(monkeypatch, tmp_path, capsys):
+    """Steps run in order: one that ends, one that fails, one stopped at its own
+    limit (the rows it wrote kept, the process it started stopped with it), one
+    stopped where the budget ends, and one the budget leaves out, listed with the
+    command that runs it."""
+    lease = lease_module(monkeypatch)
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import json, subprocess, sys, time\n"
+        "behaviour, out = sys.argv[1], sys.argv[sys.argv.index('--json') + 1]\n"
+        "json.dump({'rows': [{'row': 1}, {'row': 2}]}, open(out, 'w'))\n"
+        "print('rows written')\n"
+        "if behaviour == 'fail':\n"
+        "    sys.exit(3)\n"
+        "if behaviour == 'hang':\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "    open(out + '.child', 'w').write(str(child.pid))\n"
+        "    time.sleep(60)\n"
+    )
+
+    def step(name, behaviour, limit):
+        return lease.Step(name, f"a step that does {behaviour}", str(script), behaviour, limit)
+
+    steps = [
+        step("ends", "end", 30),
+        step("fails", "fail", 30),
+        step("hangs", "hang", 3),
+        step("hangs-longer", "hang", 60),
+        step("left-out", "end", 30),
+    ]
+    start = time.monotonic()
+    ended = lease.run(steps, tmp_path / "out", budget=7.5)
+    assert time.monotonic() - start < 7.5 + 2 * lease.GRACE
+    assert [e.how for e in ended] == [
+        "done",
+        "failed (rc 3)",
+        "stopped at its limit",
+        "stopped at the budget",
+        "not run",
+    ]
+    assert [e.rows for e in ended] == [2, 2, 2, 2, 0]
+    assert 3 <= ended[2].seconds < 3 + lease.GRACE
+    for name in ("hangs", "hangs-longer"):
+        child = int((tmp_path / "out" / f"{name}.json.child").read_text())
+        deadline = time.monotonic() + 5
+        while pathlib.Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # init reaps the orphan
+        assert not pathlib.Path(f"/proc/{child}").exists(), name
+    printed = capsys.readouterr().out
+    assert re.search(r"== ends: a step that does end\n-- done after \d+ s\nrows written", printed)
+    assert printed.rstrip().endswith("Not run: python benchmarks/lease.py --steps left-out")
+    assert "| hangs | stopped at its limit |" in printed
+
+
+def test_lease_prints_a_comparisons_table_from_the_rows_it_finished(monkeypatch, tmp_path):
+    """A comparison stopped before its own table printed still shows the rows it
+    wrote, as benchmarks/compare.py renders them; a step that wrote none shows
+    the end of its log."""
+    lease = lease_module(monkeypatch)
+    [step] = [step for step in lease.STEPS if step.name == "wide-tile"]
+    row = {
+        "family": "depthwise",
+        "case": "[32,112,112,32] 5x5 s1 NCHW bfloat16",
+        "op": "backprop_filter",
+        "file_ms": 0.2,
+        "library_ms": 0.1,
+        "peers_ms": {"lax": 0.3},
+        "same_bits": False,
+        "same_program": False,
+    }
+    (tmp_path / "wide-tile.json").write_text(json.dumps({"rows": [row]}))
+    (tmp_path / "wide-tile.log").write_text("Traceback (most recent call last):\n")
+    assert "| backprop_filter | 0.200 | 0.100 | 0.50 | lax | 0.300 | 0.33 | no | no |" in (
+        lease.table_of(step, tmp_path)
+    )
+    (tmp_path / "wide-tile.json").unlink()
+    assert lease.table_of(step, tmp_path) == "Traceback (most recent call last):"
+
+
+def test_lease_lists_its_steps_and_their_commands():
+    result = run_script("benchmarks/lease.py", "--list", "--out", "build/lease")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("nchw-reads (at most 170 s): the NCHW depthwise kernels")
+    assert lines[1] == (
+        "    python benchmarks/compare.py build/lease/nchw-reads.py --cases NCHW "
+        "--ops forward backprop_input backprop_filter --json build/lease/nchw-reads.json"
+    )
+    assert "    depthwise's kernels with 'aligned_reads=True' -> 'aligned_reads=False'" in lines

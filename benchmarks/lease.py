@@ -1,0 +1,383 @@
+"""What to measure first on a lent GPU, most urgent first, within one call's time.
+
+    python benchmarks/lease.py [--budget 540] [--out DIR] [--steps NAME ...] [--list]
+
+A GPU for this project is lent for minutes: one command of at most ten minutes,
+a few in a lease. This runs the measurements the kernels wait for
+(docs/performance.md, "Still to measure") in the order they matter, each step
+as its own process of benchmarks/compare.py, tune.py or gpu.py, until
+``--budget`` seconds are spent:
+
+- each step runs for at most its own limit, so that no step starves the ones
+  after it, and at most the budget left; a step stopped there keeps the rows it
+  finished (each script writes its JSON after every row);
+- the steps the budget leaves out are listed, with the command that runs them
+  in the next call;
+- what a step needs to compare is built here from the library's own files: a
+  copy of a family's ``_pallas.py`` with a launch option or a limit set
+  otherwise, by substitutions that must each match (a test checks every step's
+  on the library as it is, and every step's command line against its script's);
+- under ``--out`` (default: ``$OUT`` where it is set, as on the device
+  machine, else ``build/lease``), each step leaves its log, its JSON and the
+  kernels file it compared;
+- it prints each step's table as it ends, and last a short table of the steps:
+  how each ended, its seconds, its rows.
+
+``--list`` prints the steps and their commands without running them;
+``--steps`` runs some, in the order given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+KERNELS = {
+    "depthwise": ROOT / "jaxgrad" / "_depthwise" / "_pallas.py",
+    "resample": ROOT / "jaxgrad" / "_resample" / "_pallas.py",
+}
+# One call of the device tool runs at most 600 s; the rest is the margin for
+# the steps' last rows to be written and the summary to print.
+BUDGET = 540
+# After the budget's SIGTERM, how long a step has before it is killed.
+GRACE = 10
+# What the device tool brings back of a command's output: its last 12,000
+# characters. A step's table is cut to its last lines where longer.
+TABLE_LINES = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A family's kernels file with each ``old`` text replaced by ``new``."""
+
+    family: str
+    substitutions: tuple[tuple[str, str], ...]
+
+    def text(self) -> str:
+        """The library's file with the substitutions made; each must match."""
+        text = KERNELS[self.family].read_text()
+        for old, new in self.substitutions:
+            if old not in text:
+                raise ValueError(
+                    f"{KERNELS[self.family].relative_to(ROOT)} has no {old!r} to set to "
+                    f"{new!r}: the option was renamed or moved; update benchmarks/lease.py"
+                )
+            text = text.replace(old, new)
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One measurement: ``script`` (in benchmarks/) run with ``args``, given the
+    ``variant`` file first where there is one, for at most ``limit`` seconds."""
+
+    name: str
+    question: str
+    script: str
+    args: str  # as typed on a command line
+    limit: float
+    variant: Variant | None = None
+
+    def command(self, out: pathlib.Path) -> list[str]:
+        """The command line, writing its JSON (and reading its variant) under ``out``."""
+        given = [str(out / f"{self.name}.py")] if self.variant else []
+        return [
+            sys.executable,
+            str(BENCHMARKS / self.script),
+            *given,
+            *shlex.split(self.args),
+            "--json",
+            str(out / f"{self.name}.json"),
+        ]
+
+
+NCHW_READS = Variant(
+    "depthwise",
+    (
+        ("aligned_reads=True", "aligned_reads=False"),
+        ("wide_strided_writes=True,", "wide_strided_writes=False,"),
+    ),
+)
+RESAMPLE_PAIRS = Variant(
+    "resample",
+    (
+        ("    paired: bool = False", "    paired: bool = True"),
+        ("    rows_together: bool = False", "    rows_together: bool = True"),
+    ),
+)
+VOLUME = Variant(
+    "resample",
+    (
+        ("    paired: bool = False", "    paired: bool = True"),
+        ("    row_pattern: bool = False", "    row_pattern: bool = True"),
+        ("    warps: int = 4", "    warps: int = 1"),
+    ),
+)
+WIDE_TILE = Variant("depthwise", (("\n_MOST_SUMS = 72\n", "\n_MOST_SUMS = 1 << 30\n"),))
+UNROLLED = Variant(
+    "resample", (("\n_MAX_UNROLLED_READS = 64\n", "\n_MAX_UNROLLED_READS = 1 << 30\n"),)
+)
+OPS = "--ops forward backprop_input backprop_filter"
+
+# Most urgent first: what the defaults changed without a GPU, then the designs
+# meant to reach the targets, then launch options and searches, then what
+# compiles for minutes.
+STEPS = (
+    Step(
+        "nchw-reads",
+        "the NCHW depthwise kernels as they are (unaligned runs read from aligned vectors, "
+        "both strided column phases written as one run) against both options off, as the "
+        "kernels were last timed",
+        "compare.py",
+        f"--cases NCHW {OPS}",
+        limit=170,
+        variant=NCHW_READS,
+    ),
+    Step(
+        "unet-walks",
+        "the example U-Net's step with jaxgrad's ops against stock ops, and with the "
+        "depthwise kernels walking their columns",
+        "gpu.py",
+        "--sections train",
+        limit=90,
+    ),
+    Step(
+        "walks",
+        "the NHWC depthwise kernels walking their rows' columns, on one and two warps, "
+        "against the tiled kernels",
+        "tune.py",
+        f'--family depthwise --groups "walk columns" --cases "3x3 s1 NHWC" "3x3 s2 NHWC" '
+        f'"M2 NHWC" {OPS}',
+        limit=150,
+    ),
+    Step(
+        "resample-pairs",
+        "resample's NCHW 2x and 0.5x columns read in pairs, with a program's rows held as one "
+        "tile, and the 3-D volume's rows so held, against the library",
+        "compare.py",
+        '--family resample --cases "NCHW linear 2.0x" "NCHW linear 0.5x" "NCHW nearest 2.0x" '
+        '"NCHW nearest 0.5x" NCDHW',
+        limit=200,
+        variant=RESAMPLE_PAIRS,
+    ),
+    Step(
+        "wide-tile",
+        "a 5x5 NCHW filter gradient whose tile narrows to 64 columns to hold its sums, "
+        "against the 128-column tile",
+        "compare.py",
+        '--cases "[32,112,112,32] 5x5 s1 NCHW" --ops backprop_filter',
+        limit=90,
+        variant=WIDE_TILE,
+    ),
+    Step(
+        "read-ahead",
+        "the depthwise kernels reading their next row before computing the current one",
+        "tune.py",
+        f'--family depthwise --groups "read ahead" --cases "96] 3x3 s1" {OPS}',
+        limit=120,
+    ),
+    Step(
+        "row-pattern",
+        "resample reading once each input row that a block of whole periods shares, 2-D linear",
+        "tune.py",
+        '--family resample --groups "row pattern" --cases "NCHW linear" "NHWC linear"',
+        limit=180,
+    ),
+    Step(
+        "volume",
+        "the 3-D volume's rows read by their height's pattern, its columns in pairs, on one "
+        "warp, against the library",
+        "compare.py",
+        "--family resample --cases NCDHW",
+        limit=150,
+        variant=VOLUME,
+    ),
+    Step(
+        "nchw-5x5-taps",
+        "the 5x5 NCHW forward and input gradient holding more of their taps, then their "
+        "tile and warps (never searched)",
+        "tune.py",
+        '--family depthwise --groups taps "tile and warps" --cases "5x5 s1 NCHW bfloat16" '
+        "--ops forward backprop_input",
+        limit=240,
+    ),
+    Step(
+        "walks-5x5",
+        "the 5x5 NHWC kernels walking their columns (each walk compiles for about a minute)",
+        "tune.py",
+        f'--family depthwise --groups "walk columns" --cases "5x5 s1 NHWC bfloat16" {OPS}',
+        limit=300,
+    ),
+    Step(
+        "unrolled-8x",
+        "the 8x linear resample gradient with its row taps unrolled, as before they were "
+        "looped to compile in a second (the unrolled kernel compiles for minutes)",
+        "compare.py",
+        "--family resample --cases 8.0x --ops backward",
+        limit=300,
+        variant=UNROLLED,
+    ),
+)
+
+
+@dataclasses.dataclass
+class Ended:
+    """How a step ended: ``"done"``, ``"failed (rc N)"``, ``"stopped at its limit"``,
+    ``"stopped at the budget"`` or ``"not run"``; its seconds and the rows it wrote."""
+
+    step: Step
+    how: str
+    seconds: float = 0.0
+    rows: int = 0
+
+
+def rows_of(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The rows a step's JSON holds (none where it wrote none, or half of one)."""
+    try:
+        rows: list[dict[str, Any]] = json.loads(path.read_text()).get("rows", [])
+    except (OSError, ValueError):
+        return []
+    return rows
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Stops ``process`` and every process it started: SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=GRACE)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_step(step: Step, out: pathlib.Path, seconds: float) -> Ended:
+    """Runs ``step`` for at most ``seconds`` (and its limit), its log under ``out``."""
+    if step.variant:
+        (out / f"{step.name}.py").write_text(step.variant.text())
+    (out / f"{step.name}.json").unlink(missing_ok=True)  # an earlier run's rows are not its
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    allowed = min(step.limit, seconds)
+    start = time.monotonic()
+    with open(out / f"{step.name}.log", "w") as log:
+        process = subprocess.Popen(
+            step.command(out),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped with its children
+        )
+        try:
+            rc = process.wait(timeout=allowed)
+            how = "done" if rc == 0 else f"failed (rc {rc})"
+        except subprocess.TimeoutExpired:
+            stop(process)
+            how = "stopped at its limit" if allowed == step.limit else "stopped at the budget"
+    return Ended(step, how, time.monotonic() - start, len(rows_of(out / f"{step.name}.json")))
+
+
+def table_of(step: Step, out: pathlib.Path) -> str:
+    """What ``step`` measured, as its script renders it (from its JSON, so a step
+    stopped early shows the rows it finished); else its log's last lines."""
+    rows = rows_of(out / f"{step.name}.json")
+    render: Callable[[list[dict[str, Any]]], str] | None = None
+    if rows and step.script in ("compare.py", "tune.py"):
+        if str(BENCHMARKS) not in sys.path:
+            sys.path.insert(0, str(BENCHMARKS))
+        render = importlib.import_module(step.script.removesuffix(".py")).render
+    text = render(rows) if render else (out / f"{step.name}.log").read_text()
+    return "\n".join(text.rstrip().splitlines()[-TABLE_LINES:])
+
+
+def summary(ended: Sequence[Ended]) -> str:
+    lines = ["| step | ended | seconds | rows |", "|---|---|---|---|"]
+    lines += [f"| {e.step.name} | {e.how} | {e.seconds:.0f} | {e.rows} |" for e in ended]
+    left = [e.step.name for e in ended if e.how == "not run"]
+    if left:
+        lines += ["", "Not run: python benchmarks/lease.py --steps " + " ".join(left)]
+    return "\n".join(lines)
+
+
+def run(steps: Sequence[Step], out: pathlib.Path, budget: float) -> list[Ended]:
+    """Runs ``steps`` in order until ``budget`` seconds are spent, printing each
+    step's table as it ends and the summary last."""
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + budget
+    ended = []
+    for step in steps:
+        left = deadline - time.monotonic()
+        if left < 1:
+            ended.append(Ended(step, "not run"))
+            continue
+        print(f"== {step.name}: {step.question}", flush=True)
+        ended.append(run_step(step, out, left))
+        print(f"-- {ended[-1].how} after {ended[-1].seconds:.0f} s", flush=True)
+        print(table_of(step, out), flush=True)
+        print(flush=True)
+    print(summary(ended), flush=True)
+    return ended
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET, help=f"seconds for all steps (default {BUDGET})"
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path(os.environ.get("OUT") or ROOT / "build" / "lease"),
+        help="where each step's log, JSON and kernels file go (default: $OUT, else build/lease)",
+    )
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        choices=[step.name for step in STEPS],
+        default=None,
+        help="only these steps, in this order (default: all, most urgent first)",
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="print the steps and their commands, run nothing"
+    )
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    by_name = {step.name: step for step in STEPS}
+    steps = [by_name[name] for name in args.steps] if args.steps else list(STEPS)
+    if args.list:
+        for step in steps:
+            print(f"{step.name} (at most {step.limit:.0f} s): {step.question}")
+            command = step.command(args.out)[2:]
+            print("    " + shlex.join(["python", f"benchmarks/{step.script}", *command]))
+            if step.variant:
+                for old, new in step.variant.substitutions:
+                    change = f"{old.strip()!r} -> {new.strip()!r}"
+                    print(f"    {step.variant.family}'s kernels with {change}")
+        return
+    run(steps, args.out, args.budget)
+
+
+if __name__ == "__main__":
+    main()
