@@ -21,7 +21,7 @@ It prints, per case and op, both times, their ratio, the fastest peer, whether t
 two versions' results have the same bits, and whether their programs are the same
 (compared as benchmarks/gpu.py compares programs): a case the change does not
 touch is then timed once. ``--cases`` also reaches the cases benchmarks/tune.py
-names outside gpu.py's tables (a 7x7 and a wide 5x5 filter, an 8x upsampling).
+names outside gpu.py's tables (a 7x7 and a wide 5x5 filter, 8x and 4x upsamplings).
 ``--smoke`` runs a tiny case of the family on the CPU, the kernels interpreted,
 to check the script itself.
 """

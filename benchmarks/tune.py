@@ -259,14 +259,18 @@ Case = tuple[str, str, Callable[[], dict[str, Op]]]
 
 
 # Cases no table of benchmarks/gpu.py holds, which only ``--cases`` reaches: the
-# kernels whose code was cut down for Triton's compile time, and a 5x5 filter
-# gradient whose NCHW tile narrows to hold its sums, to time against the code
-# before (benchmarks/compare.py; docs/performance.md says how).
+# kernels whose code was cut down for Triton's compile time (and the 4x gradient,
+# the largest scale still unrolled), and a 5x5 filter gradient whose NCHW tile
+# narrows to hold its sums, to time against the code before
+# (benchmarks/compare.py; docs/performance.md says how).
 NAMED_DEPTHWISE_CASES = [
     ("[32,56,56,96] 7x7 s1", (32, 56, 56, 96), (7, 7, 1), 1),
     ("[32,112,112,32] 5x5 s1", (32, 112, 112, 32), (5, 5, 1), 1),
 ]
-NAMED_RESAMPLE_CASES = [("NHWC", (32, 64, 64, 64), (1, 2), "linear", 8.0)]
+NAMED_RESAMPLE_CASES = [
+    ("NHWC", (32, 64, 64, 64), (1, 2), "linear", 8.0),
+    ("NHWC", (32, 64, 64, 64), (1, 2), "linear", 4.0),
+]
 
 
 def depthwise_cases(smoke: bool, torch: Any = None, named: bool = False) -> Iterator[Case]:

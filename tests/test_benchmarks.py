@@ -120,14 +120,14 @@ def test_tune_smoke(tmp_path, monkeypatch):
 
 def test_tune_and_compare_reach_the_named_cases_through_cases_alone(monkeypatch):
     """The cases outside benchmarks/gpu.py's tables (a 7x7 and a wide 5x5 filter,
-    an 8x upsampling) are built only where ``--cases`` asks for cases: a run
+    8x and 4x upsamplings) are built only where ``--cases`` asks for cases: a run
     without it times gpu.py's cases, as it always did."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import tune
 
     names = {
         "depthwise": ["[32,56,56,96] 7x7 s1", "[32,112,112,32] 5x5 s1"],
-        "resample": ["linear 8.0x"],
+        "resample": ["linear 8.0x", "linear 4.0x"],
     }
     for family, family_names in names.items():
         plain = [case for case, _, _ in tune.CASES[family](False)]
