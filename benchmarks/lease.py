@@ -52,7 +52,7 @@ KERNELS = {
 # One call of the device tool runs at most 600 s; the rest is the margin for
 # the steps' last rows to be written and the summary to print.
 BUDGET = 540
-# After the budget's SIGTERM, how long a step has before it is killed.
+# After a stopped step's SIGTERM, how long it has to end before SIGKILL.
 GRACE = 10
 # What the device tool brings back of a command's output: its last 12,000
 # characters. A step's table is cut to its last lines where longer.
