@@ -21,7 +21,7 @@ as its own process of benchmarks/compare.py, tune.py or gpu.py, until
   machine, else ``build/lease``), each step leaves its log, its JSON and the
   kernels file it compared;
 - it prints each step's table as it ends, and last a short table of the steps:
-  how each ended, its seconds, its rows.
+  how each ended, its seconds, what its JSON holds.
 
 ``--list`` prints the steps and their commands without running them;
 ``--steps`` runs some, in the order given.
@@ -153,7 +153,7 @@ STEPS = (
         "depthwise kernels walking their columns",
         "gpu.py",
         "--sections train",
-        limit=90,
+        limit=180,
     ),
     Step(
         "walks",
@@ -246,21 +246,38 @@ STEPS = (
 @dataclasses.dataclass
 class Ended:
     """How a step ended: ``"done"``, ``"failed (rc N)"``, ``"stopped at its limit"``,
-    ``"stopped at the budget"`` or ``"not run"``; its seconds and the rows it wrote."""
+    ``"stopped at the budget"`` or ``"not run"``; its seconds, and what its JSON
+    holds (``wrote``)."""
 
     step: Step
     how: str
     seconds: float = 0.0
-    rows: int = 0
+    wrote: str = "nothing"
+
+
+def json_of(path: pathlib.Path) -> dict[str, Any]:
+    """A step's JSON (empty where it wrote none, or half of one)."""
+    try:
+        results: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return results
 
 
 def rows_of(path: pathlib.Path) -> list[dict[str, Any]]:
-    """The rows a step's JSON holds (none where it wrote none, or half of one)."""
-    try:
-        rows: list[dict[str, Any]] = json.loads(path.read_text()).get("rows", [])
-    except (OSError, ValueError):
-        return []
+    """The rows a comparison's or a search's JSON holds."""
+    rows: list[dict[str, Any]] = json_of(path).get("rows", [])
     return rows
+
+
+def wrote(path: pathlib.Path) -> str:
+    """What a step's JSON holds: its rows (compare.py, tune.py), or the
+    measurements it recorded (gpu.py's sections)."""
+    results = json_of(path)
+    if "rows" in results:
+        return f"{len(results['rows'])} rows"
+    measured = [key for key in results if key not in ("command", "machine", "seconds")]
+    return ", ".join(measured) or "nothing"
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -303,7 +320,7 @@ def run_step(step: Step, out: pathlib.Path, seconds: float) -> Ended:
         except subprocess.TimeoutExpired:
             stop(process)
             how = "stopped at its limit" if allowed == step.limit else "stopped at the budget"
-    return Ended(step, how, time.monotonic() - start, len(rows_of(out / f"{step.name}.json")))
+    return Ended(step, how, time.monotonic() - start, wrote(out / f"{step.name}.json"))
 
 
 def table_of(step: Step, out: pathlib.Path) -> str:
@@ -320,8 +337,8 @@ def table_of(step: Step, out: pathlib.Path) -> str:
 
 
 def summary(ended: Sequence[Ended]) -> str:
-    lines = ["| step | ended | seconds | rows |", "|---|---|---|---|"]
-    lines += [f"| {e.step.name} | {e.how} | {e.seconds:.0f} | {e.rows} |" for e in ended]
+    lines = ["| step | ended | seconds | its JSON holds |", "|---|---|---|---|"]
+    lines += [f"| {e.step.name} | {e.how} | {e.seconds:.0f} | {e.wrote} |" for e in ended]
     left = [e.step.name for e in ended if e.how == "not run"]
     if left:
         lines += ["", "Not run: python benchmarks/lease.py --steps " + " ".join(left)]

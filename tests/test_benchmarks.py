@@ -1176,7 +1176,9 @@ def test_lease_gives_each_step_its_limit_and_stops_at_the_budget(monkeypatch, tm
     script.write_text(
         "import json, subprocess, sys, time\n"
         "behaviour, out = sys.argv[1], sys.argv[sys.argv.index('--json') + 1]\n"
-        "json.dump({'rows': [{'row': 1}, {'row': 2}]}, open(out, 'w'))\n"
+        # As gpu.py records a section where the step ends, as compare.py rows elsewhere.
+        "results = {'command': '', 'step': 1} if behaviour == 'end' else {'rows': [{}, {}]}\n"
+        "json.dump(results, open(out, 'w'))\n"
         "print('rows written')\n"
         "if behaviour == 'fail':\n"
         "    sys.exit(3)\n"
@@ -1206,7 +1208,7 @@ def test_lease_gives_each_step_its_limit_and_stops_at_the_budget(monkeypatch, tm
         "stopped at the budget",
         "not run",
     ]
-    assert [e.rows for e in ended] == [2, 2, 2, 2, 0]
+    assert [e.wrote for e in ended] == ["step", "2 rows", "2 rows", "2 rows", "nothing"]
     assert 3 <= ended[2].seconds < 3 + lease.GRACE
     for name in ("hangs", "hangs-longer"):
         child = int((tmp_path / "out" / f"{name}.json.child").read_text())
