@@ -275,7 +275,7 @@ def wrote(path: pathlib.Path) -> str:
     measurements it recorded (gpu.py's sections)."""
     results = json_of(path)
     if "rows" in results:
-        return f"{len(results['rows'])} rows"
+        return f"{len(results['rows'])} row" + ("" if len(results["rows"]) == 1 else "s")
     measured = [key for key in results if key not in ("command", "machine", "seconds")]
     return ", ".join(measured) or "nothing"
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from helpers import (
     H100_CAPABILITY,
+    SUITE_XLA_FLAGS,
     TRITON_CALL,
     as_jax_defaults,
     gpu_stand_in,
@@ -1220,6 +1221,22 @@ def test_lease_gives_each_step_its_limit_and_stops_at_the_budget(monkeypatch, tm
     assert re.search(r"== ends: a step that does end\n-- done after \d+ s\nrows written", printed)
     assert printed.rstrip().endswith("Not run: python benchmarks/lease.py --steps left-out")
     assert "| hangs | stopped at its limit |" in printed
+
+
+@needs_kernels
+def test_lease_runs_a_real_comparison_over_the_kernels_file_it_built(monkeypatch, tmp_path):
+    """The plumbing end to end, on the CPU: a step runs benchmarks/compare.py (its
+    smoke case, the kernels interpreted) over the kernels file the step built, in
+    a process of its own, and reads back the row that process wrote."""
+    lease = lease_module(monkeypatch)
+    monkeypatch.setenv("XLA_FLAGS", SUITE_XLA_FLAGS)
+    [wide_tile] = [step for step in lease.STEPS if step.name == "wide-tile"]
+    step = dataclasses.replace(wide_tile, args="--smoke --ops forward")
+    ended = lease.run_step(step, tmp_path, seconds=300)
+    assert (ended.how, ended.wrote) == ("done", "1 row"), (tmp_path / "wide-tile.log").read_text()
+    [row] = lease.rows_of(tmp_path / "wide-tile.json")
+    assert row["same_program"]  # the narrowing leaves the tiny case's kernels alone
+    assert "_MOST_SUMS = 1 << 30" in (tmp_path / "wide-tile.py").read_text()
 
 
 def test_lease_prints_a_comparisons_table_from_the_rows_it_finished(monkeypatch, tmp_path):
