@@ -184,6 +184,14 @@ STEPS = (
         variant=WIDE_TILE,
     ),
     Step(
+        "resample-defaults",
+        "the kernel against XLA's one pass where the default's choice was measured before the "
+        "NCHW and NCDHW kernels' vector tiles: the channels-first linear 2x forwards",
+        "gpu.py",
+        '--sections resample --cases NCDHW "NCHW linear 2.0x" --dtypes bfloat16',
+        limit=150,
+    ),
+    Step(
         "read-ahead",
         "the depthwise kernels reading their next row before computing the current one",
         "tune.py",
