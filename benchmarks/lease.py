@@ -143,7 +143,7 @@ STEPS = (
         "both strided column phases written as one run) against both options off, as the "
         "kernels were last timed",
         "compare.py",
-        f"--cases NCHW {OPS}",
+        f'--cases "96] 3x3 s1 NCHW" "96] 3x3 s2 NCHW" "192] 5x5 s1 NCHW" "M2 NCHW" {OPS}',
         limit=170,
         variant=NCHW_READS,
     ),
@@ -202,7 +202,8 @@ STEPS = (
         "row-pattern",
         "resample reading once each input row that a block of whole periods shares, 2-D linear",
         "tune.py",
-        '--family resample --groups "row pattern" --cases "NCHW linear" "NHWC linear"',
+        '--family resample --groups "row pattern" --cases "NCHW linear" "NHWC linear 2.0x" '
+        '"NHWC linear 0.5x" "NHWC linear 1.7x"',
         limit=180,
     ),
     Step(
@@ -228,7 +229,7 @@ STEPS = (
         "the 5x5 NCHW forward and input gradient holding more of their taps, then their "
         "tile and warps (never searched)",
         "tune.py",
-        '--family depthwise --groups taps "tile and warps" --cases "5x5 s1 NCHW bfloat16" '
+        '--family depthwise --groups taps "tile and warps" --cases "192] 5x5 s1 NCHW bfloat16" '
         "--ops forward backprop_input",
         limit=240,
     ),
@@ -236,7 +237,7 @@ STEPS = (
         "walks-5x5",
         "the 5x5 NHWC kernels walking their columns (each walk compiles for about a minute)",
         "tune.py",
-        f'--family depthwise --groups "walk columns" --cases "5x5 s1 NHWC bfloat16" {OPS}',
+        f'--family depthwise --groups "walk columns" --cases "192] 5x5 s1 NHWC bfloat16" {OPS}',
         limit=300,
     ),
     Step(
