@@ -1278,7 +1278,8 @@ def test_lease_lists_its_steps_and_their_commands():
     lines = result.stdout.splitlines()
     assert lines[0].startswith("nchw-reads (at most 170 s): the NCHW depthwise kernels")
     assert lines[1] == (
-        "    python benchmarks/compare.py build/lease/nchw-reads.py --cases NCHW "
-        "--ops forward backprop_input backprop_filter --json build/lease/nchw-reads.json"
+        "    python benchmarks/compare.py build/lease/nchw-reads.py --cases '96] 3x3 s1 NCHW' "
+        "'96] 3x3 s2 NCHW' '192] 5x5 s1 NCHW' 'M2 NCHW' --ops forward backprop_input "
+        "backprop_filter --json build/lease/nchw-reads.json"
     )
     assert "    depthwise's kernels with 'aligned_reads=True' -> 'aligned_reads=False'" in lines
