@@ -980,6 +980,12 @@ def test_gpu_benchmark_canonicalizes_a_program_once(monkeypatch):
 
 
 @needs_kernels
+@pytest.mark.skipif(
+    jax.__version_info__ < (0, 9, 1),
+    reason="before JAX 0.9.1 a kernel's Triton IR holds the Python frames it was lowered "
+    'through, which differ between the default\'s choice and an explicit "pallas": the two '
+    "programs differ there, and gpu.py compiles both",
+)
 def test_gpu_benchmark_sees_the_default_as_the_program_it_picks_on_a_gpu(monkeypatch, patch):
     """Lowered for a CUDA GPU, the default's program carries constants of the
     portable branch it leaves out, which XLA discards: canonicalized, it is the
