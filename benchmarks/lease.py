@@ -104,33 +104,33 @@ class Step:
         ]
 
 
+def field(name: str, kind: str, old: str, new: str) -> tuple[str, str]:
+    """A launch field's default in its dataclass (``_Launch``), from ``old`` to ``new``."""
+    return f"    {name}: {kind} = {old}", f"    {name}: {kind} = {new}"
+
+
+def limit(name: str, old: str, new: str) -> tuple[str, str]:
+    """A module-level limit, from ``old`` to ``new``."""
+    return f"\n{name} = {old}\n", f"\n{name} = {new}\n"
+
+
 NCHW_READS = Variant(
     "depthwise",
     (
+        # Set in the NCHW cuts' table, once per kernel.
         ("aligned_reads=True", "aligned_reads=False"),
         ("wide_strided_writes=True,", "wide_strided_writes=False,"),
     ),
 )
-RESAMPLE_PAIRS = Variant(
-    "resample",
-    (
-        ("    paired: bool = False", "    paired: bool = True"),
-        ("    rows_together: bool = False", "    rows_together: bool = True"),
-    ),
-)
+PAIRED = field("paired", "bool", "False", "True")
+RESAMPLE_PAIRS = Variant("resample", (PAIRED, field("rows_together", "bool", "False", "True")))
 VOLUME = Variant(
     "resample",
-    (
-        ("    paired: bool = False", "    paired: bool = True"),
-        ("    row_pattern: bool = False", "    row_pattern: bool = True"),
-        ("    warps: int = 4", "    warps: int = 1"),
-    ),
+    (PAIRED, field("row_pattern", "bool", "False", "True"), field("warps", "int", "4", "1")),
 )
-WIDE_TILE = Variant("depthwise", (("\n_MOST_SUMS = 72\n", "\n_MOST_SUMS = 1 << 30\n"),))
-UNROLLED = Variant(
-    "resample", (("\n_MAX_UNROLLED_READS = 64\n", "\n_MAX_UNROLLED_READS = 1 << 30\n"),)
-)
-LOOPED = Variant("resample", (("\n_MAX_UNROLLED_READS = 64\n", "\n_MAX_UNROLLED_READS = 63\n"),))
+WIDE_TILE = Variant("depthwise", (limit("_MOST_SUMS", "72", "1 << 30"),))
+UNROLLED = Variant("resample", (limit("_MAX_UNROLLED_READS", "64", "1 << 30"),))
+LOOPED = Variant("resample", (limit("_MAX_UNROLLED_READS", "64", "63"),))
 OPS = "--ops forward backprop_input backprop_filter"
 
 # Most urgent first: what the defaults changed without a GPU, then the designs
