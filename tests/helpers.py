@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -83,6 +84,19 @@ def lowered_text(fn, *args, platform):
     stand_in = gpu_stand_in() if platform == "cuda" else contextlib.nullcontext()
     with stand_in:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def launched_kernels(text):
+    """The names of the Pallas kernels a lowered program's Triton calls launch, in
+    order. Read from each call's own ``name`` field: the rest of its serialized
+    Triton IR may name other kernels too (before JAX 0.9.1 it keeps the Python
+    frames a shared helper was first traced under, a kernel launched elsewhere)."""
+    return [
+        match[1]
+        for line in text.splitlines()
+        if TRITON_CALL in line
+        for match in [re.search(r', name = "(\w+)"', line)]
+    ]
 
 
 def kernel_primitives(fn, *args):
