@@ -1102,6 +1102,21 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
     assert sorted(launched) == sorted({"_forward_kernel", *kernels})
 
 
+def spy_on_rules(monkeypatch):
+    """The list the depthwise VJP rules' calls of the three ops are recorded in,
+    by name (``"_conv"``, ``"_backprop_input"``, ``"_backprop_filter"``), from now
+    on: JAX's caches are cleared, so that every backward is traced anew."""
+    from jaxgrad._depthwise import _ops
+
+    calls = []
+    for name in ("_conv", "_backprop_input", "_backprop_filter"):  # the rules call them compiled
+        original = getattr(_ops, f"_compiled{name}")
+        spy = lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)  # noqa: E731
+        monkeypatch.setattr(_ops, f"_compiled{name}", spy)
+    jax.clear_caches()
+    return calls
+
+
 @pytest.mark.parametrize(
     ("wrt", "rules"),
     [
@@ -1112,46 +1127,33 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
 )
 def test_the_backward_rule_calls_only_the_gradients_asked_for(wrt, rules, monkeypatch):
     # The lowered programs above would lose an unused gradient to dead-code
-    # elimination anyway; an eager gradient has no compiler to drop it, so the
-    # rule itself must leave it out.
-    from jaxgrad._depthwise import _ops
-
+    # elimination anyway (the rule that computed both passed that test); the
+    # rule must not trace it either.
     cfg = make_cfg(*STRIDE_1)
     (x, f, _), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
-    calls = []
-    for name in ("_backprop_input", "_backprop_filter"):
-        original = getattr(_ops, f"_compiled{name}")
-        spy = lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)  # noqa: E731
-        monkeypatch.setattr(_ops, f"_compiled{name}", spy)
-    jax.clear_caches()  # trace the backward anew, under the spies
+    calls = spy_on_rules(monkeypatch)
     jax.grad(lambda x, f: jnp.sum(forward(x, f) ** 2), wrt)(x, f)
-    assert calls == rules
+    assert [call for call in calls if call != "_conv"] == rules  # the forward aside
 
 
 @pytest.mark.parametrize(
     ("wanted", "rules"),
     [
-        ("dx", ["_backprop_filter", "_conv"]),
-        ("df", ["_backprop_input", "_conv"]),
-        ("both", ["_backprop_input", "_conv", "_backprop_filter", "_conv"]),
+        ("dx", ["_backprop_filter"]),
+        ("df", ["_backprop_input"]),
+        ("both", ["_backprop_input", "_backprop_filter"]),
     ],
 )
 def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rules, monkeypatch):
     # Differentiated through the input gradient alone (a penalty on dx), the
     # filter gradient gets no cotangent, and only the input gradient's rules run:
-    # the ops its VJP is made of.
-    from jaxgrad._depthwise import _ops
-
+    # the ops its VJP is made of, and of those only what the perturbed operands
+    # need (dy is data here: the filter gradient, not a forward).
+    calls = spy_on_rules(monkeypatch)
     cfg = make_cfg(*STRIDE_1)
     (x, f, dy), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
-    calls = []
-    for name in ("_conv", "_backprop_input", "_backprop_filter"):  # the rules call them compiled
-        original = getattr(_ops, f"_compiled{name}")
-        spy = lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)  # noqa: E731
-        monkeypatch.setattr(_ops, f"_compiled{name}", spy)
-    jax.clear_caches()  # trace the backward anew, under the spies
 
     def penalty(x, f):
         gx, gf = jax.vjp(forward, x, f)[1](dy)
@@ -1162,6 +1164,22 @@ def test_a_derivative_through_one_gradient_costs_that_gradient_alone(wanted, rul
     calls.clear()  # the forward and its backward: what the penalty computes
     pullback(jnp.ones_like(penalized))
     assert calls == rules
+
+
+def test_a_hessian_vector_product_in_the_input_computes_no_filter_gradient(monkeypatch):
+    # With the filter fixed, the gradient in the input is the input gradient of a
+    # cotangent that depends on the input; differentiated again, its VJP needs
+    # that cotangent's gradient alone (a forward), not the filter's.
+    cfg = make_cfg(*STRIDE_1)
+    (x, f, v), (_, f64, v64) = operands(cfg, "NHWC", jnp.float32)
+    forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
+    calls = spy_on_rules(monkeypatch)
+    gradient = jax.grad(lambda x: jnp.sum(forward(x, f) ** 2))
+    product = jax.grad(lambda x: jnp.vdot(gradient(x), v))(x)
+    assert "_backprop_filter" not in calls and "_backprop_input" in calls
+    # The loss is quadratic in x: its Hessian-vector product is 2 A^T A v.
+    reference = 2 * ref_backprop_input(f64, ref_forward(v64, f64, cfg), cfg)
+    np.testing.assert_allclose(product, reference, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------

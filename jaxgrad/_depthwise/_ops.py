@@ -354,28 +354,22 @@ def _run(
 # --------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
-    return _run(  # type: ignore[no-any-return]
-        "depthwise_conv2d", impl, conv, ("xf", "y"), _xla.forward, _partition.forward, x, f
-    )
-
-
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["x", "f"], meta_fields=["wanted"])
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["operands"], meta_fields=["wanted"]
+)
 @dataclasses.dataclass(frozen=True)
 class _Saved:
-    """What the forward op's backward needs: its operands, and which of them are
+    """What an op's backward needs: its two operands, and which of them are
     differentiated (a static field: no array)."""
 
-    x: jax.Array
-    f: jax.Array
-    wanted: tuple[bool, bool]  # the input's gradient, the filter's
+    operands: tuple[jax.Array, jax.Array]
+    wanted: tuple[bool, bool]
 
 
-def _conv_fwd(x: Any, f: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
-    # With symbolic zeros, the operands come wrapped with whether they are perturbed.
-    saved = _Saved(x.value, f.value, (x.perturbed, f.perturbed))
-    return _compiled_conv(saved.x, saved.f, conv, impl), saved
+def _saved(a: Any, b: Any) -> _Saved:
+    """The residuals of a forward rule whose operands come wrapped, as symbolic
+    zeros give them, with whether they are perturbed."""
+    return _Saved((a.value, b.value), (a.perturbed, b.perturbed))
 
 
 def _no_cotangent(primal: jax.Array) -> SymbolicZero:
@@ -386,24 +380,44 @@ def _no_cotangent(primal: jax.Array) -> SymbolicZero:
     return SymbolicZero(jax.typeof(primal).to_tangent_aval())
 
 
+def _cotangents(saved: _Saved, g: Any, *gradients: Callable[[], jax.Array]) -> tuple[Any, Any]:
+    """Each differentiated operand's gradient, ``gradients[i]()``, laid out as the
+    operand is; a free zero for the others, and for all where ``g`` is zero.
+
+    Only the gradients asked for are traced: the first layer of a network reads
+    data, and its backward computes the filter gradient alone; a Hessian-vector
+    product in the input differentiates the input gradient in its cotangent
+    alone, which takes a forward and no filter gradient. The ops run jitted
+    (``_compiled.core``), so XLA would drop an unused gradient from the program
+    anyway, but only after it was traced and lowered."""
+    zero = isinstance(g, SymbolicZero)
+    a, b = (
+        _sharding.like(gradient(), operand) if wanted and not zero else _no_cotangent(operand)
+        for operand, wanted, gradient in zip(saved.operands, saved.wanted, gradients, strict=True)
+    )
+    return a, b
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv(x: jax.Array, f: jax.Array, conv: Conv, impl: str | None) -> jax.Array:
+    return _run(  # type: ignore[no-any-return]
+        "depthwise_conv2d", impl, conv, ("xf", "y"), _xla.forward, _partition.forward, x, f
+    )
+
+
+def _conv_fwd(x: Any, f: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
+    saved = _saved(x, f)
+    return _compiled_conv(*saved.operands, conv, impl), saved
+
+
 def _conv_bwd(conv: Conv, impl: str | None, saved: _Saved, g: Any) -> tuple[Any, Any]:
-    """The gradients of the differentiated operands alone: the first layer of a
-    network reads data, and its backward computes the filter gradient only."""
-    x, f = saved.x, saved.f
-    if isinstance(g, SymbolicZero):
-        return _no_cotangent(x), _no_cotangent(f)
-    wants_dx, wants_df = saved.wanted
-    dx = (
-        _sharding.like(_compiled_backprop_input(f, g, conv, impl), x)
-        if wants_dx
-        else _no_cotangent(x)
+    x, f = saved.operands
+    return _cotangents(
+        saved,
+        g,
+        lambda: _compiled_backprop_input(f, g, conv, impl),
+        lambda: _compiled_backprop_filter(x, g, conv, impl),
     )
-    df = (
-        _sharding.like(_compiled_backprop_filter(x, g, conv, impl), f)
-        if wants_df
-        else _no_cotangent(f)
-    )
-    return dx, df
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd, symbolic_zeros=True)
@@ -423,21 +437,22 @@ def _backprop_input(f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) -
     )
 
 
-def _backprop_input_fwd(
-    f: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _compiled_backprop_input(f, dy, conv, impl), (f, dy)
+def _backprop_input_fwd(f: Any, dy: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
+    saved = _saved(f, dy)
+    return _compiled_backprop_input(*saved.operands, conv, impl), saved
 
 
-def _backprop_input_bwd(
-    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    f, dy = residuals
-    df, ddy = _compiled_backprop_filter(c, dy, conv, impl), _compiled_conv(c, f, conv, impl)
-    return _sharding.like(df, f), _sharding.like(ddy, dy)
+def _backprop_input_bwd(conv: Conv, impl: str | None, saved: _Saved, c: Any) -> tuple[Any, Any]:
+    f, dy = saved.operands
+    return _cotangents(
+        saved,
+        c,
+        lambda: _compiled_backprop_filter(c, dy, conv, impl),
+        lambda: _compiled_conv(c, f, conv, impl),
+    )
 
 
-_backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd)
+_backprop_input.defvjp(_backprop_input_fwd, _backprop_input_bwd, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -454,21 +469,22 @@ def _backprop_filter(x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None) 
     )
 
 
-def _backprop_filter_fwd(
-    x: jax.Array, dy: jax.Array, conv: Conv, impl: str | None
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _compiled_backprop_filter(x, dy, conv, impl), (x, dy)
+def _backprop_filter_fwd(x: Any, dy: Any, conv: Conv, impl: str | None) -> tuple[jax.Array, _Saved]:
+    saved = _saved(x, dy)
+    return _compiled_backprop_filter(*saved.operands, conv, impl), saved
 
 
-def _backprop_filter_bwd(
-    conv: Conv, impl: str | None, residuals: tuple[jax.Array, jax.Array], c: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    x, dy = residuals
-    dx, ddy = _compiled_backprop_input(c, dy, conv, impl), _compiled_conv(x, c, conv, impl)
-    return _sharding.like(dx, x), _sharding.like(ddy, dy)
+def _backprop_filter_bwd(conv: Conv, impl: str | None, saved: _Saved, c: Any) -> tuple[Any, Any]:
+    x, dy = saved.operands
+    return _cotangents(
+        saved,
+        c,
+        lambda: _compiled_backprop_input(c, dy, conv, impl),
+        lambda: _compiled_conv(x, c, conv, impl),
+    )
 
 
-_backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd)
+_backprop_filter.defvjp(_backprop_filter_fwd, _backprop_filter_bwd, symbolic_zeros=True)
 
 # What the public functions and the VJP rules above call (``_compiled.core``).
 _compiled_conv = _compiled.core(_conv, static_argnums=(2, 3))
