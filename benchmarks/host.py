@@ -22,6 +22,9 @@ Probes (``--probes`` picks some):
 - ``depthwise_3x3``, ``depthwise_5x5``, ``depthwise_7x7``, ``depthwise_11x11``:
   ``jax.grad`` of a loss through ``depthwise_conv2d`` on [8, 64, 64, 32] (SAME,
   float32, NHWC): trace and lower, compile, and the median run time.
+- ``depthwise_derivatives``: tracing and lowering ``jax.jit`` of the first three
+  derivatives of a 3x3 ``depthwise_conv2d`` loss in its input on [8, 64, 64, 32]
+  (the gradient, a Hessian-vector product, the gradient of its sum of squares).
 - ``eager_depthwise``: an un-jitted 7x7 ``depthwise_conv2d`` on [1, 512, 512, 8]
   against the same call under ``jax.jit`` (medians after the first call).
 """
@@ -205,6 +208,29 @@ def _probe_depthwise_grad(impl: str, k: int) -> dict[str, Any]:
     }
 
 
+def probe_depthwise_derivatives(impl: str) -> dict[str, Any]:
+    """Tracing and lowering ``jax.jit`` of derivatives of a 3x3 depthwise loss of
+    each order, in the input (the filter fixed): the gradient, a Hessian-vector
+    product, and the gradient of the sum of that product."""
+    import jax
+    import jax.numpy as jnp
+
+    conv = _depthwise_fn(impl)
+    x = jax.random.normal(jax.random.key(0), (8, 64, 64, 32), jnp.float32)
+    f = jax.random.normal(jax.random.key(1), (3, 3, 32, 1), jnp.float32)
+    v = jax.random.normal(jax.random.key(2), x.shape, jnp.float32)
+    first = jax.grad(lambda x: jnp.sum(jnp.tanh(conv(x, f)) ** 2))
+    second = jax.grad(lambda x: jnp.vdot(first(x), v))
+    third = jax.grad(lambda x: jnp.sum(second(x) ** 2))
+    result = {}
+    for order, derivative in enumerate((first, second, third), start=1):
+        jax.clear_caches()  # each from scratch, not from the traces of the order before
+        jitted = jax.jit(derivative)
+        result[f"order {order} trace s"], traced = _timed(lambda jitted=jitted: jitted.trace(x))
+        result[f"order {order} lower s"], _ = _timed(traced.lower)
+    return result
+
+
 def probe_eager_depthwise(impl: str) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
@@ -227,6 +253,7 @@ PROBES = {
     "depthwise_5x5": (functools.partial(_probe_depthwise_grad, k=5), "lax"),
     "depthwise_7x7": (functools.partial(_probe_depthwise_grad, k=7), "lax"),
     "depthwise_11x11": (functools.partial(_probe_depthwise_grad, k=11), "lax"),
+    "depthwise_derivatives": (probe_depthwise_derivatives, "lax"),
     "eager_depthwise": (probe_eager_depthwise, "lax"),
 }
 

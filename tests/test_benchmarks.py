@@ -1289,3 +1289,20 @@ def test_lease_lists_its_steps_and_their_commands():
         "backprop_filter --json build/lease/nchw-reads.json"
     )
     assert "    depthwise's kernels with 'aligned_reads=True' -> 'aligned_reads=False'" in lines
+
+
+def test_host_probe_of_derivatives_traces_each_order(tmp_path):
+    # benchmarks/host.py runs a probe in a fresh process for jaxgrad and for its
+    # peer, and tables and writes each one's figures: here the tracing and
+    # lowering of the first three derivatives, for jaxgrad and lax.
+    out = tmp_path / "host.json"
+    result = run_script(
+        "benchmarks/host.py", "--probes", "depthwise_derivatives", "--json", str(out)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())["depthwise_derivatives"]
+    keys = [f"order {n} {phase} s" for n in (1, 2, 3) for phase in ("trace", "lower")]
+    for peer in ("jaxgrad", "lax"):
+        assert sorted(figures[peer]) == sorted(keys), peer
+        assert all(figures[peer][key] > 0 for key in keys), peer
+    assert "| depthwise_derivatives | order 3 trace s |" in result.stdout
