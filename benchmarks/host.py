@@ -211,7 +211,7 @@ def _probe_depthwise_grad(impl: str, k: int) -> dict[str, Any]:
 def probe_depthwise_derivatives(impl: str) -> dict[str, Any]:
     """Tracing and lowering ``jax.jit`` of derivatives of a 3x3 depthwise loss of
     each order, in the input (the filter fixed): the gradient, a Hessian-vector
-    product, and the gradient of the sum of that product."""
+    product, and the gradient of that product's sum of squares."""
     import jax
     import jax.numpy as jnp
 

@@ -1103,9 +1103,10 @@ def test_the_backward_computes_only_the_gradients_asked_for(wrt, kernels):
 
 
 def spy_on_rules(monkeypatch):
-    """The list the depthwise VJP rules' calls of the three ops are recorded in,
-    by name (``"_conv"``, ``"_backprop_input"``, ``"_backprop_filter"``), from now
-    on: JAX's caches are cleared, so that every backward is traced anew."""
+    """A list that records from now on, by name, each call the depthwise VJP
+    rules make of the three ops (``"_conv"``, ``"_backprop_input"``,
+    ``"_backprop_filter"``). JAX's caches are cleared, so that every backward is
+    traced anew."""
     from jaxgrad._depthwise import _ops
 
     calls = []
@@ -1126,9 +1127,9 @@ def spy_on_rules(monkeypatch):
     ],
 )
 def test_the_backward_rule_calls_only_the_gradients_asked_for(wrt, rules, monkeypatch):
-    # The lowered programs above would lose an unused gradient to dead-code
-    # elimination anyway (the rule that computed both passed that test); the
-    # rule must not trace it either.
+    # The lowered programs above lose an unused gradient to dead-code elimination
+    # anyway (a rule that computes both passes that test); the rule must not
+    # trace it either.
     cfg = make_cfg(*STRIDE_1)
     (x, f, _), _ = operands(cfg, "NHWC", jnp.float32)
     forward = three_ops(cfg, "NHWC", implementation="xla")["forward"]
