@@ -91,12 +91,13 @@ def launched_kernels(text):
     order. Read from each call's own ``name`` field: the rest of its serialized
     Triton IR may name other kernels too (before JAX 0.9.1 it keeps the Python
     frames a shared helper was first traced under, a kernel launched elsewhere)."""
-    return [
-        match[1]
-        for line in text.splitlines()
-        if TRITON_CALL in line
-        for match in [re.search(r', name = "(\w+)"', line)]
-    ]
+    names = []
+    for line in text.splitlines():
+        if TRITON_CALL in line:
+            match = re.search(r', name = "(\w+)"', line)
+            assert match, f"a Triton call without a name field (has JAX renamed it?): {line[:200]}"
+            names.append(match[1])
+    return names
 
 
 def kernel_primitives(fn, *args):
