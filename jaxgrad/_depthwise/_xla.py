@@ -75,11 +75,11 @@ def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
 #   output into blocks along both spatial axes (`_Reader.runs`): the large middle
 #   block, whose windows all lie inside, is pure slices, and only the thin border
 #   blocks gather; `_tile` concatenates the blocks back together.
-# - Padded (on the CPU: the strided input gradient, whose phases interleave, and
-#   the NCHW half-precision forward and input gradient): pad the array once and
-#   slice each window out of the padded copy. XLA:CPU never fuses a pad that
-#   several slices read, so this writes that copy first. (GPUs gather those
-#   windows: `_read_per_platform`.)
+# - Padded (on the CPU: the strided input gradient, whose phases interleave, the
+#   NCHW half-precision forward and input gradient, and bfloat16 summed over many
+#   taps, `_widened_too_often`): pad the array once and slice each window out of
+#   the padded copy. XLA:CPU never fuses a pad that several slices read, so this
+#   writes that copy first. (GPUs gather those windows: `_read_per_platform`.)
 #
 # In NCHW, W is the minor axis, and XLA:CPU does not fuse a concatenation along
 # it; `_tile` joins the blocks along W last, one copy of the output. The NCHW
@@ -329,6 +329,21 @@ def _half_nchw(conv: Conv, operand: jax.Array) -> bool:
     return conv.nchw and _checks.compute_dtype(operand.dtype) != operand.dtype
 
 
+# No instruction widens bfloat16 (F16C widens float16): a gathered window of it is
+# read as 16-bit words and widened with integer instructions, at every read. A
+# stride-1 sum over more taps than this widens each element more often than a
+# float32 padded copy, written once and read by slices, costs XLA:CPU (with
+# AVX2 code and with AVX-512 alike; the design notes have the figures).
+_MOST_WIDENED_TAPS = 15
+
+
+def _widened_too_often(conv: Conv, operand: jax.Array) -> bool:
+    """Whether ``operand`` is a bfloat16 array that a stride-1 sum reads through
+    more taps than XLA:CPU widens faster in place."""
+    taps = conv.kernel[0] * conv.kernel[1]
+    return operand.dtype == jnp.bfloat16 and conv.strides == (1, 1) and taps > _MOST_WIDENED_TAPS
+
+
 def _read_per_platform(
     op: Callable[..., jax.Array],
     args: tuple[jax.Array, ...],
@@ -390,7 +405,12 @@ def _portable_forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
         (x, f),
         conv,
         gpus=_read_mode(few=few, sliced=False),
-        elsewhere=_read_mode(few=few, sliced=_half_nchw(conv, x)),
+        # With a multiplier, the padded copy's windows broadcast over it, which
+        # measured slower than widening in place.
+        elsewhere=_read_mode(
+            few=few,
+            sliced=_half_nchw(conv, x) or (conv.multiplier == 1 and _widened_too_often(conv, x)),
+        ),
     )
 
 
@@ -456,7 +476,7 @@ def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
 
 
 def _portable_input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
-    sliced = _half_nchw(conv, dy) or conv.strides != (1, 1)
+    sliced = _half_nchw(conv, dy) or conv.strides != (1, 1) or _widened_too_often(conv, dy)
     return _read_per_platform(
         _input_gradient,
         (f, dy),
