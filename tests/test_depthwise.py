@@ -367,9 +367,10 @@ def test_float16_is_widened_in_the_loop_that_reads_it(op):
 def test_bfloat16_summed_over_many_taps_is_widened_once(op, kernel, multiplier, padded):
     # bfloat16 is read as 16-bit words and each window widened in the loop, at
     # every read; from 16 taps at stride 1 the forward (without a multiplier) and
-    # the input gradient read a float32 padded copy instead (on the NHWC
-    # [8, 64, 64, 64] 5x5 forward, 2.7 ms instead of 5.8). Either way the
-    # result is the float32 computation's, rounded once.
+    # the input gradient read a float32 padded copy instead, which XLA:CPU runs
+    # faster (the design notes have the figures). Either way the result is the
+    # float32 computation's, rounded once. A property of the portable
+    # implementation's program on XLA:CPU.
     xla = dict(implementation="xla")
     rng = np.random.default_rng(8)
     x_shape = (2, 9, 7, 3)

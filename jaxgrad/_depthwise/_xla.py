@@ -331,15 +331,15 @@ def _half_nchw(conv: Conv, operand: jax.Array) -> bool:
 
 # No instruction widens bfloat16 (F16C widens float16): a gathered window of it is
 # read as 16-bit words and widened with integer instructions, at every read. A
-# stride-1 sum over more taps than this widens each element more often than a
-# float32 padded copy, written once and read by slices, costs XLA:CPU (with
-# AVX2 code and with AVX-512 alike; the design notes have the figures).
+# stride-1 sum over more taps than this widens each element so often that XLA:CPU
+# runs it slower than from a float32 padded copy, written once and read by slices
+# (in AVX2 code and in AVX-512 alike; the design notes have the figures).
 _MOST_WIDENED_TAPS = 15
 
 
 def _widened_too_often(conv: Conv, operand: jax.Array) -> bool:
-    """Whether ``operand`` is a bfloat16 array that a stride-1 sum reads through
-    more taps than XLA:CPU widens faster in place."""
+    """Whether ``operand`` is bfloat16 and summed at stride 1 over more taps than
+    XLA:CPU widens faster in place than it reads a float32 copy."""
     taps = conv.kernel[0] * conv.kernel[1]
     return operand.dtype == jnp.bfloat16 and conv.strides == (1, 1) and taps > _MOST_WIDENED_TAPS
 
