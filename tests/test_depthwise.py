@@ -317,6 +317,11 @@ def test_four_int_and_two_int_forms_agree():
     np.testing.assert_array_equal(a, b)
 
 
+def float32_sizes(entry):
+    """The element counts of the float32 arrays in a compiled program's text."""
+    return [math.prod(map(int, d.split(","))) for d in re.findall(r"f32\[([\d,]+)\]", entry)]
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
 @pytest.mark.parametrize("op", ["forward", "backprop_input", "backprop_filter"])
 def test_float16_is_widened_in_the_loop_that_reads_it(op):
@@ -344,11 +349,7 @@ def test_float16_is_widened_in_the_loop_that_reads_it(op):
         ),
     }
     fn, args = calls[op]
-    entry = compiled_entry(fn, *args)
-    float32_sizes = [
-        math.prod(map(int, d.split(","))) for d in re.findall(r"f32\[([\d,]+)\]", entry)
-    ]
-    assert x.size not in float32_sizes
+    assert x.size not in float32_sizes(compiled_entry(fn, *args))
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
@@ -389,12 +390,9 @@ def test_bfloat16_summed_over_many_taps_is_widened_once(op, kernel, multiplier, 
         "forward": (forward, (x, f), x),
         "backprop_input": (backprop_input, (f, dy), dy),
     }[op]
-    entry = compiled_entry(fn, *args)
-    float32_sizes = [
-        math.prod(map(int, d.split(","))) for d in re.findall(r"f32\[([\d,]+)\]", entry)
-    ]
     # A padded copy holds more elements than the array it pads.
-    assert any(size > read.size for size in float32_sizes) == padded
+    sizes = float32_sizes(compiled_entry(fn, *args))
+    assert any(size > read.size for size in sizes) == padded
     widened = [a.astype(jnp.float32) for a in args]
     np.testing.assert_array_equal(fn(*args), fn(*widened).astype(jnp.bfloat16))
 
