@@ -57,10 +57,13 @@ def _four_d(v: jax.Array, conv: Conv) -> jax.Array:
     return v.reshape(n, h, w, c * m)
 
 
-def _filter_tap(f: jax.Array, di: int, dj: int, conv: Conv) -> jax.Array:
-    """Tap (di, dj) of the filter, [C, M], shaped to broadcast against the 5-D view."""
-    tap = f[di, dj]
-    return tap.reshape(1, *tap.shape, 1, 1) if conv.nchw else tap.reshape(1, 1, 1, *tap.shape)
+def _filter_taps(f: jax.Array, conv: Conv) -> dict[tuple[int, int], jax.Array]:
+    """Each tap (di, dj) of the filter, [C, M], shaped to broadcast against the 5-D
+    view, in the order the sums take them. Read once here rather than in every
+    block: an op's blocks would otherwise each slice the same taps again, which
+    costs tracing and lowering time and leaves XLA to merge the copies."""
+    shape = (1, *f.shape[2:], 1, 1) if conv.nchw else (1, 1, 1, *f.shape[2:])
+    return {(di, dj): f[di, dj].reshape(shape) for di, dj in _taps(conv)}
 
 
 # Every term of the three ops reads a shifted (strided, dilated) window of an array,
@@ -417,15 +420,12 @@ def _portable_forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
 def _forward(x: jax.Array, f: jax.Array, conv: Conv, *, reading: _Read) -> jax.Array:
     dtype = _checks.compute_dtype(x.dtype)
     read = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, reading)
-    f = f.astype(dtype)
+    taps = _filter_taps(f.astype(dtype), conv)
 
     def block(rows: range, cols: range) -> jax.Array:
         return functools.reduce(
             operator.add,
-            (
-                _window(read, di, dj, conv, rows, cols) * _filter_tap(f, di, dj, conv)
-                for di, dj in _taps(conv)
-            ),
+            (_window(read, di, dj, conv, rows, cols) * tap for (di, dj), tap in taps.items()),
         )
 
     return _four_d(
@@ -496,7 +496,7 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, reading: _Read) 
     # reduction, no scatter.
     dtype = _checks.compute_dtype(dy.dtype)
     dy5 = _five_d(dy, conv, conv.multiplier)
-    f = f.astype(dtype)
+    taps = _filter_taps(f.astype(dtype), conv)
     h_axis, w_axis = _spatial_axes(conv)
     m_axis = 2 if conv.nchw else 4
     plans = [
@@ -528,7 +528,7 @@ def _input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, reading: _Read) 
                         range(ch + block_rows.start, ch + block_rows.stop),
                         range(cw + block_cols.start, cw + block_cols.stop),
                     )
-                    * _filter_tap(f, th, tw, conv)
+                    * taps[th, tw]
                     for th, ch in h_taps
                     for tw, cw in w_taps
                 ),
@@ -679,11 +679,15 @@ def _blocked_filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Arr
     out_rows = conv.out_size[0]
     block = -(-out_rows // _ROW_BLOCKS)
 
+    @functools.cache
+    def gradient_block(rows: range, cols: range) -> jax.Array:
+        # Every tap multiplies its window by the same block of the gradient:
+        # sliced once here rather than by every tap.
+        return _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols).astype(dtype)
+
     def block_term(di: int, dj: int, first: int) -> jax.Array:
         def product(rows: range, cols: range) -> jax.Array:
-            window = _window(read, di, dj, conv, rows, cols)
-            grad = _slice_run(_slice_run(dy5, row_axis, rows), col_axis, cols)
-            return window * grad.astype(dtype)
+            return _window(read, di, dj, conv, rows, cols) * gradient_block(rows, cols)
 
         rows = range(first, min(first + block, out_rows))
         return _tile(product, [rows], _window_runs(read, conv, 1, [dj]), conv)
