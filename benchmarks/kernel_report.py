@@ -4,7 +4,7 @@
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
                                        [--walk-columns]
-                                       [--paired] [--rows-together] [--row-pattern]
+                                       [--tables] [--rows-together] [--row-pattern]
                                        [--dump DIR]
                                        [--loops]
 
@@ -37,12 +37,14 @@ costs in registers. ``--walk-columns`` makes the NHWC kernels walk their rows'
 columns in order (``_Launch.walk_columns``; the input gradient at strides of 1
 without a multiplier): a tile of rows by channels a step, each column read once
 per filter row.
-``--paired`` makes the resample kernel read a last axis that repeats every two
-output columns, or every output two input columns, in pairs
-(``_Launch.paired``: NCHW's 2x and 0.5x and their gradients): each tap a
-contiguous run of inputs, loaded in vectors where it starts on one, in place of
-a gather per output. ``--rows-together`` gives each resample program of one
-channel its rows as one ``[rows, columns]`` tile (``_Launch.rows_together``).
+``--tables`` makes the resample kernel gather every output's column taps
+through the column table, where its launch reads a last axis that repeats every
+two output columns, or every output two input columns, in pairs
+(``_Launch.paired``: NCHW's 2x and 0.5x and their gradients; each tap a
+contiguous run of inputs, loaded in vectors where it starts on one), and hold no
+program's rows as one tile, where its launch holds short rows so
+(``_Launch.rows_together``). ``--rows-together`` gives every resample program of
+one channel its rows as one ``[rows, columns]`` tile, long rows too.
 ``--row-pattern`` gives each resample program whose last row axis repeats a
 block of whole periods of it whose input rows are each read once, for each tap
 of the row axes before (``_Launch.row_pattern``); the kernel keeps the row loop
@@ -405,14 +407,15 @@ def main() -> None:
         help="the NHWC kernels walk their rows' columns in order",
     )
     parser.add_argument(
-        "--paired",
+        "--tables",
         action="store_true",
-        help="the resample kernel reads a last axis that repeats every two columns in pairs",
+        help="the resample kernel reads its columns through the tables: no pairs, no rows "
+        "held together",
     )
     parser.add_argument(
         "--rows-together",
         action="store_true",
-        help="the resample kernel's programs hold their rows as one tile (one channel only)",
+        help="every resample program of one channel holds its rows as one tile, long rows too",
     )
     parser.add_argument(
         "--row-pattern",
@@ -455,12 +458,11 @@ def main() -> None:
             imposed["read_ahead"] = True
         if args.walk_columns:
             imposed["walk_columns"] = True
-        resample_options = {
-            "paired": args.paired,
-            "rows_together": args.rows_together,
-            "row_pattern": args.row_pattern,
-        }
-        resample_options = {name: True for name, on in resample_options.items() if on}
+        resample_options = {"paired": False, "rows_together": False} if args.tables else {}
+        if args.rows_together:
+            resample_options["rows_together"] = True
+        if args.row_pattern:
+            resample_options["row_pattern"] = True
         for module, fields in ((depthwise_kernels, imposed), (resample_kernels, resample_options)):
             if fields:
                 patches.enter_context(gpu.launches_with(module, fields))

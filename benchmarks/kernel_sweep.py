@@ -69,16 +69,22 @@ DEPTHWISE_LAUNCHES = (
     {"taps": 32, "reuse_rows": True},
     {"walk_columns": True},
     {"walk_columns": True, "walk_warps": 1},
-    {"reuse_rows": False, "wide_strided_reads": False},
-    {"aligned_reads": False, "wide_strided_writes": False},
+    {"aligned_reads": True},
+    {
+        "reuse_rows": False,
+        "wide_strided_reads": False,
+        "wide_strided_writes": False,
+        "walk_columns": False,
+    },
 )
 RESAMPLE_LAUNCHES = (
     {},
-    {"paired": True},
-    {"rows_together": True},
+    {"paired": False, "rows_together": False},
+    {"paired": True, "rows_together": False},
+    {"paired": False, "rows_together": True},
+    {"paired": True, "rows_together": True},
     {"row_pattern": True},
     {"warps": 1},
-    {"paired": True, "rows_together": True},
     {"paired": True, "row_pattern": True, "warps": 1},
 )
 

@@ -104,75 +104,77 @@ class Step:
         ]
 
 
-def field(name: str, kind: str, old: str, new: str) -> tuple[str, str]:
-    """A launch field's default in its dataclass (``_Launch``), from ``old`` to ``new``."""
-    return f"    {name}: {kind} = {old}", f"    {name}: {kind} = {new}"
-
-
 def limit(name: str, old: str, new: str) -> tuple[str, str]:
     """A module-level limit, from ``old`` to ``new``."""
     return f"\n{name} = {old}\n", f"\n{name} = {new}\n"
 
 
-NCHW_READS = Variant(
+# The launches before the sixth lease's measurements: no kernel walking its columns,
+# every NCHW kernel reading unaligned runs from aligned vectors; resample reading
+# through its tables alone.
+BEFORE_DEPTHWISE = Variant(
     "depthwise",
     (
-        # Set in the NCHW cuts' table, once per kernel.
-        ("aligned_reads=True", "aligned_reads=False"),
-        ("wide_strided_writes=True,", "wide_strided_writes=False,"),
+        ("reuse_rows=True, walk_taps=9, walk_warps=1", "reuse_rows=True"),
+        ("wide_strided_reads=True\n", "wide_strided_reads=True, aligned_reads=True\n"),
+        ("wide_strided_writes=True)", "wide_strided_writes=True, aligned_reads=True)"),
     ),
 )
-PAIRED = field("paired", "bool", "False", "True")
-RESAMPLE_PAIRS = Variant("resample", (PAIRED, field("rows_together", "bool", "False", "True")))
+RESAMPLE_LAUNCH = "return dataclasses.replace(launch, paired=True, rows_together=short_rows)"
+BEFORE_RESAMPLE = Variant("resample", ((RESAMPLE_LAUNCH, "return launch"),))
 VOLUME = Variant(
     "resample",
-    (PAIRED, field("row_pattern", "bool", "False", "True"), field("warps", "int", "4", "1")),
+    (
+        (
+            RESAMPLE_LAUNCH,
+            "return dataclasses.replace(launch, paired=True, row_pattern=True, warps=1)",
+        ),
+    ),
 )
 WIDE_TILE = Variant("depthwise", (limit("_MOST_SUMS", "72", "1 << 30"),))
 UNROLLED = Variant("resample", (limit("_MAX_UNROLLED_READS", "64", "1 << 30"),))
 LOOPED = Variant("resample", (limit("_MAX_UNROLLED_READS", "64", "63"),))
 OPS = "--ops forward backprop_input backprop_filter"
 
-# Most urgent first: what the defaults changed without a GPU, then the designs
-# meant to reach the targets, then launch options and searches, then what
-# compiles for minutes.
+# Most urgent first: what the defaults changed since they were last timed, then
+# the designs meant to reach the targets, then launch options and searches, then
+# what compiles for minutes.
 STEPS = (
     Step(
-        "nchw-reads",
-        "the NCHW depthwise kernels as they are (unaligned runs read from aligned vectors, "
-        "both strided column phases written as one run) against both options off, as the "
-        "kernels were last timed",
-        "compare.py",
-        f'--cases "96] 3x3 s1 NCHW" "96] 3x3 s2 NCHW" "192] 5x5 s1 NCHW" "M2 NCHW" {OPS}',
-        limit=170,
-        variant=NCHW_READS,
-    ),
-    Step(
-        "unet-walks",
-        "the example U-Net's step with jaxgrad's ops against stock ops, and with the "
-        "depthwise kernels walking their columns",
+        "unet-tiled",
+        "the example U-Net's step with jaxgrad's ops against stock ops, and with no "
+        "depthwise kernel walking its columns (the NHWC filter gradient walks by default)",
         "gpu.py",
         "--sections train",
         limit=180,
     ),
     Step(
-        "walks",
-        "the NHWC depthwise kernels walking their rows' columns, on one and two warps, "
-        "against the tiled kernels",
-        "tune.py",
-        f'--family depthwise --groups "walk columns" --cases "3x3 s1 NHWC" "3x3 s2 NHWC" '
-        f'"M2 NHWC" {OPS}',
-        limit=150,
+        "depthwise-before",
+        "the depthwise kernels as they are (the NHWC filter gradient walking a 3x3 "
+        "filter's columns, no NCHW kernel reading aligned vectors) against the launches "
+        "before, every case they change",
+        "compare.py",
+        f'--cases "96] 3x3 s1" "96] 3x3 s2" "192] 5x5 s1 NCHW" M2 {OPS}',
+        limit=200,
+        variant=BEFORE_DEPTHWISE,
     ),
     Step(
-        "resample-pairs",
-        "resample's NCHW 2x and 0.5x columns read in pairs, with a program's rows held as one "
-        "tile, and the 3-D volume's rows so held, against the library",
+        "resample-before",
+        "the resample kernel as it is (a last axis read in pairs, short rows held together) "
+        "against its tables alone, every channels-first case",
         "compare.py",
-        '--family resample --cases "NCHW linear 2.0x" "NCHW linear 0.5x" "NCHW nearest 2.0x" '
-        '"NCHW nearest 0.5x" NCDHW',
-        limit=200,
-        variant=RESAMPLE_PAIRS,
+        "--family resample --cases NCHW NCDHW",
+        limit=240,
+        variant=BEFORE_RESAMPLE,
+    ),
+    Step(
+        "resample-defaults",
+        "the kernel (a last axis in pairs, short rows together) against XLA's program, where "
+        "the default takes the kernel for the channels-first linear 2x forwards and leaves "
+        "their gradients with XLA",
+        "gpu.py",
+        '--sections resample --cases NCDHW "NCHW linear 2.0x" --dtypes bfloat16',
+        limit=150,
     ),
     Step(
         "wide-tile",
@@ -182,14 +184,6 @@ STEPS = (
         '--cases "[32,112,112,32] 5x5 s1 NCHW" --ops backprop_filter',
         limit=90,
         variant=WIDE_TILE,
-    ),
-    Step(
-        "resample-defaults",
-        "the kernel against XLA's one pass where the default's choice was measured before the "
-        "NCHW and NCDHW kernels' vector tiles: the channels-first linear 2x forwards",
-        "gpu.py",
-        '--sections resample --cases NCDHW "NCHW linear 2.0x" --dtypes bfloat16',
-        limit=150,
     ),
     Step(
         "read-ahead",
@@ -208,8 +202,8 @@ STEPS = (
     ),
     Step(
         "volume",
-        "the 3-D volume's rows read by their height's pattern, its columns in pairs, on one "
-        "warp, against the library",
+        "the 3-D volume's rows read by their height's pattern, on one warp, in place of its "
+        "rows held together, against the library",
         "compare.py",
         "--family resample --cases NCDHW",
         limit=150,
@@ -338,8 +332,10 @@ def table_of(step: Step, out: pathlib.Path) -> str:
     rows = rows_of(out / f"{step.name}.json")
     render: Callable[[list[dict[str, Any]]], str] | None = None
     if rows and step.script in ("compare.py", "tune.py"):
-        if str(BENCHMARKS) not in sys.path:
-            sys.path.insert(0, str(BENCHMARKS))
+        # The renderers import the library, which a bare machine has not installed.
+        for path in (str(ROOT), str(BENCHMARKS)):
+            if path not in sys.path:
+                sys.path.insert(0, path)
         render = importlib.import_module(step.script.removesuffix(".py")).render
     text = render(rows) if render else (out / f"{step.name}.log").read_text()
     return "\n".join(text.rstrip().splitlines()[-TABLE_LINES:])

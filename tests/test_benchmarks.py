@@ -100,12 +100,13 @@ def test_tune_smoke(tmp_path, monkeypatch):
         launches = [c["launch"] for c in row["candidates"]]
         assert launches[0] == row["current"] and row["best"] in launches
         # One other launch per group of parameters the family's kernels have, each
-        # different: the patch took effect. A walk's tile is searched only where
-        # walking was the faster in the group before it.
+        # different: the patch took effect. A walk's tile is searched where the
+        # launch walks, or where walking was the faster in the group before it.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        assert len(groups) == {"depthwise": 9, "resample": 5}[row["family"]]
+        walking = bool(row["current"].get("walk_columns"))  # then its tile is a group above
+        assert len(groups) == {"depthwise": 9 + walking, "resample": 5}[row["family"]]
         walks = {launch["walk_channels"] for launch in launches if launch.get("walk_columns")}
-        tile_searched = len(walks) > 1
+        tile_searched = len(walks) > 1 and not walking
         distinct = {tuple(sorted(launch.items())) for launch in launches}
         assert len(distinct) == 1 + len(groups) + tile_searched
         # The kernels give the same results under every launch, to rounding.
@@ -287,7 +288,8 @@ def test_tune_rules_out_a_launch_that_fails(monkeypatch):
     fn, args, _ = build()[op]
     module = tune.FAMILIES["depthwise"]
     _, want, current = tune.compiled(module, fn, args)
-    failed = tune.candidate(module, fn, args, {**current, "cols": 0}, want, args[0].dtype)
+    tiled = {**current, "walk_columns": False}  # a walk takes its tile's columns from the row
+    failed = tune.candidate(module, fn, args, {**tiled, "cols": 0}, want, args[0].dtype)
     assert not failed["agrees"] and failed["error"].startswith("ZeroDivisionError")
     assert tune.candidate(module, fn, args, current, want, args[0].dtype)["agrees"]
     row = {"family": "depthwise", "case": "tiny", "op": op, "current": current, "best": current}
@@ -434,7 +436,8 @@ def test_kernel_sweep_compiles_every_kernel_of_a_step_with_its_launch(monkeypatc
 
     sweep = kernel_sweep_with(monkeypatch, compile_report)
     config = sweep.drawn("depthwise", 0, seed=0)
-    record = sweep.compiled(dataclasses.replace(config, launch={"warps": 1}), "sm_90a")
+    tiled = {"warps": 1, "walk_columns": False}
+    record = sweep.compiled(dataclasses.replace(config, launch=tiled), "sm_90a")
     kernels = ["_forward_kernel", "_input_kernel", "_partials_kernel", "_sum_kernel"]
     assert [k["name"] for k in record["kernels"]] == kernels
     assert [(name, arch) for name, _, arch in compiled] == [(k, "sm_90a") for k in kernels]
@@ -458,7 +461,8 @@ def test_kernel_sweep_names_the_stage_that_refused_and_the_spills(monkeypatch):
         }
 
     sweep = kernel_sweep_with(monkeypatch, compile_report)
-    refused = sweep.compiled(sweep.drawn("depthwise", 0, seed=0), "sm_90a")
+    tiled = dataclasses.replace(sweep.drawn("depthwise", 0, seed=0), launch={"walk_columns": False})
+    refused = sweep.compiled(tiled, "sm_90a")
     assert refused["stage"] == "ptxas (_sum_kernel)"
     assert "out of range" in refused["error"]
     spilled = sweep.compiled(sweep.drawn("resample", 0, seed=0), "sm_90a")
@@ -475,7 +479,9 @@ def test_kernel_sweep_names_the_stage_that_refused_and_the_spills(monkeypatch):
     lines, any_refused = sweep.summary([refused, spilled, unlowered], slow=20)
     assert any_refused
     assert (
-        lines[0] == f"depthwise #0 refused by ptxas (_sum_kernel): {refused['call']}, launch {{}}"
+        lines[0]
+        == f"depthwise #0 refused by ptxas (_sum_kernel): {refused['call']}, "
+        + "launch {'walk_columns': False}"
     )
     assert lines[1] == "    ptxas fatal: out of range"
     assert lines[2].startswith("resample #1 refused by JAX lowering")
@@ -700,10 +706,10 @@ def test_gpu_benchmark_runs_the_dtypes_and_layouts_asked_for(monkeypatch):
 
 
 @needs_kernels
-def test_gpu_benchmark_compiles_a_step_with_the_columns_walked(monkeypatch):
-    """The U-Net step's variant with the depthwise kernels walking their columns
-    is compiled under that launch, and only it: the library's launches are back
-    once it is compiled, and its result is the tiled kernels' to rounding."""
+def test_gpu_benchmark_compiles_a_step_with_the_columns_tiled(monkeypatch):
+    """The U-Net step's variant with no depthwise kernel walking its columns is
+    compiled under that launch, and only it: the library's launches are back once
+    it is compiled, and its result is the walking kernels' to rounding."""
     from unittest import mock
 
     from jaxgrad._depthwise import _pallas
@@ -711,18 +717,23 @@ def test_gpu_benchmark_compiles_a_step_with_the_columns_walked(monkeypatch):
     gpu = gpu_to_narrow(monkeypatch)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 6, 20, 8)), jnp.float32)
-    f = jnp.asarray(rng.normal(size=(3, 3, 8, 1)), jnp.float32)
+    dy = jnp.asarray(rng.normal(size=(2, 6, 20, 8)), jnp.float32)
 
-    def conv(x, f):
-        return jaxgrad.depthwise_conv2d(x, f, (1, 1), "SAME", implementation="pallas")
+    def filter_gradient(x, dy):
+        return jaxgrad.depthwise_conv2d_backprop_filter(
+            x, (3, 3, 8, 1), dy, (1, 1), "SAME", implementation="pallas"
+        )
 
     chosen = _pallas._launch
-    walk = mock.patch.object(_pallas, "_walk_forward_kernel", wraps=_pallas._walk_forward_kernel)
+    walk = mock.patch.object(_pallas, "_walk_partials_kernel", wraps=_pallas._walk_partials_kernel)
     with walk as walked:
-        call = gpu.compiled_with_columns_walked(conv, x, f)
-    assert walked.call_count > 0
+        call = gpu.compiled_with_columns_tiled(filter_gradient, x, dy)
+    assert walked.call_count == 0
     assert _pallas._launch is chosen
-    np.testing.assert_allclose(np.asarray(call()), np.asarray(conv(x, f)), rtol=1e-6, atol=1e-6)
+    with walk as walked:
+        want = filter_gradient(x, dy)
+    assert walked.call_count > 0  # the library's launch walks a 3x3 filter's columns
+    np.testing.assert_allclose(np.asarray(call()), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
 def test_gpu_benchmark_runs_the_cross_process_check_alone(tmp_path, monkeypatch):
@@ -925,6 +936,27 @@ def test_gpu_benchmark_times_the_others_when_one_call_fails(monkeypatch, capsys)
     assert math.isnan(gpu.rounds_ms({"peer": failing}, rounds=2)["peer"])  # every call failing
 
 
+def test_gpu_benchmark_charges_no_call_for_the_one_before_it(monkeypatch):
+    """A call that runs slowly right after another one (as a GPU program may after
+    a PyTorch peer) is timed from a call of its own: in interleaved rounds the
+    slow first call would otherwise land in its batch every round."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu
+
+    last = []
+
+    def call(name, seconds_after_another):
+        def run():
+            if last and last[-1] != name:
+                time.sleep(seconds_after_another)
+            last.append(name)
+
+        return run
+
+    ms = gpu.rounds_ms({"ours": call("ours", 0.05), "peer": call("peer", 0)}, rounds=3, per_round=1)
+    assert ms["ours"] < 25, ms  # 50 ms a round, were the slow call timed
+
+
 def test_gpu_benchmark_times_one_program_once(monkeypatch, capsys):
     """Calls whose programs are the same StableHLO (here two jitted functions; on a
     GPU the default and the implementation it picks) are compiled and timed once
@@ -1093,7 +1125,8 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     as a GPU would, with the default implementation: every depthwise layer's
     forward is a kernel; its backward is the input gradient's kernel and the
     filter gradient's two (its partials, and their sum), but in the first layer,
-    which reads the data and needs no input gradient. The 2x upsampling is a
+    which reads the data and needs no input gradient. The partials walk their
+    columns but in the first layer, of one channel. The 2x upsampling is a
     kernel too (the 0.5x downsampling and the float32 linear gradients stay with
     XLA, which compiles them into one pass).
     Lowering needs no GPU and no ``triton`` package."""
@@ -1107,7 +1140,8 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     assert {name: names.count(name) for name in set(names)} == {
         "_forward_kernel": 4,
         "_input_kernel": 3,
-        "_partials_kernel": 4,
+        "_partials_kernel": 1,
+        "_walk_partials_kernel": 3,
         "_sum_kernel": 4,
         "_kernel": 1,
     }
@@ -1282,13 +1316,20 @@ def test_lease_lists_its_steps_and_their_commands():
     result = run_script("benchmarks/lease.py", "--list", "--out", "build/lease")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("nchw-reads (at most 170 s): the NCHW depthwise kernels")
+    assert lines[0].startswith("unet-tiled (at most 180 s): the example U-Net's step")
     assert lines[1] == (
-        "    python benchmarks/compare.py build/lease/nchw-reads.py --cases '96] 3x3 s1 NCHW' "
-        "'96] 3x3 s2 NCHW' '192] 5x5 s1 NCHW' 'M2 NCHW' --ops forward backprop_input "
-        "backprop_filter --json build/lease/nchw-reads.json"
+        "    python benchmarks/gpu.py --sections train --json build/lease/unet-tiled.json"
     )
-    assert "    depthwise's kernels with 'aligned_reads=True' -> 'aligned_reads=False'" in lines
+    assert lines[2].startswith("depthwise-before (at most 200 s): the depthwise kernels")
+    assert lines[3] == (
+        "    python benchmarks/compare.py build/lease/depthwise-before.py --cases '96] 3x3 s1' "
+        "'96] 3x3 s2' '192] 5x5 s1 NCHW' M2 --ops forward backprop_input backprop_filter "
+        "--json build/lease/depthwise-before.json"
+    )
+    assert lines[4] == (
+        "    depthwise's kernels with 'reuse_rows=True, walk_taps=9, walk_warps=1' -> "
+        "'reuse_rows=True'"
+    )
 
 
 def test_host_probe_of_derivatives_traces_each_order(tmp_path):

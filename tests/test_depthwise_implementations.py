@@ -691,8 +691,13 @@ def test_columns_are_read_from_aligned_vectors_where_rows_start_aligned(width, m
     # at 40, 4 at 44, 2 at 42, none at 41. A window one column off the groups
     # (8 columns a thread here) is read from the aligned vectors under it where
     # they hold 4 columns or more; at 42 and 41 the aligned run would load in as
-    # many pieces as the window itself, so the window is read as it is.
+    # many pieces as the window itself, so the window is read as it is. (A launch
+    # option no cut sets.)
     launch_on_one_warp(monkeypatch)
+    on_one_warp = _pallas._launch
+    monkeypatch.setattr(
+        _pallas, "_launch", lambda *a: dataclasses.replace(on_one_warp(*a), aligned_reads=True)
+    )
     cfg = make_cfg((1, 4, width, 8), (3, 3, 8, 1), (1, 1), (1, 1), "SAME")
     (x, f, _), (x64, f64, _) = operands(cfg, "NCHW", jnp.bfloat16)
     forward = three_ops(cfg, "NCHW", implementation="pallas")["forward"]
@@ -817,9 +822,7 @@ def test_which_kernels_walk_the_columns():
     def walks(kernel, x_shape, f_shape, strides=(1, 1), dilations=(1, 1), data_format="NHWC"):
         cfg = make_cfg(x_shape, f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)
-        launch = _pallas._launch(conv, True, kernel)
-        assert not _pallas._walks_columns(conv, launch, kernel)  # off unless a launch sets it
-        launch = dataclasses.replace(launch, walk_columns=True)
+        launch = dataclasses.replace(_pallas._launch(conv, True, kernel), walk_columns=True)
         return _pallas._walks_columns(conv, launch, kernel)
 
     x, f = (2, 9, 40, 8), (3, 3, 8, 1)
@@ -839,6 +842,26 @@ def test_which_kernels_walk_the_columns():
         assert not walks(kernel, (2, 9, 40, 4), (3, 3, 4, 1))  # four channels
         # Eight output channels from four: the input gradient's lanes are the four.
         assert walks(kernel, (2, 9, 40, 4), (3, 3, 4, 2)) == (kernel != "input")
+
+
+def test_the_nhwc_filter_gradient_walks_small_filters_by_default():
+    # The cuts walk the columns of the NHWC filter gradient of filters of up to 9
+    # taps, on one warp a program. No other kernel walks, nor a larger filter
+    # (whose walk compiles for about a minute), unless a launch sets it.
+    def walks(kernel, f_shape, data_format="NHWC"):
+        cfg = make_cfg((2, 9, 40, 8), f_shape, (1, 1), (1, 1), "SAME")
+        conv = configured(cfg, data_format)
+        launch = _pallas._launch(conv, True, kernel)
+        return _pallas._walks_columns(conv, launch, kernel), launch.walk_warps
+
+    assert walks("filter", (3, 3, 8, 1)) == (True, 1)
+    assert walks("filter", (1, 9, 8, 1)) == (True, 1)
+    assert walks("filter", (3, 3, 8, 2)) == (True, 1)
+    assert not walks("filter", (4, 4, 8, 1))[0]
+    assert not walks("filter", (5, 5, 8, 1))[0]
+    assert not walks("filter", (3, 3, 8, 1), "NCHW")[0]
+    for kernel in ("forward", "input"):
+        assert not walks(kernel, (3, 3, 8, 1))[0]
 
 
 @pytest.mark.parametrize(
@@ -1204,9 +1227,11 @@ def lowered(implementation, platform, dtype=jnp.float32):
     return lowered_text(fn, *args, platform=platform)
 
 
-def test_default_is_the_portable_program_on_the_cpu():
-    # No CUDA backend in the process: the default traces the portable arithmetic
-    # alone, and the program is exactly the "xla" one.
+def test_default_is_the_portable_program_on_the_cpu(patch):
+    # No CUDA GPU in the process (as on a machine without one, whatever this one
+    # has): the default traces the portable arithmetic alone, and the program is
+    # exactly the "xla" one.
+    patch(_implementation, "_cuda_capability", lambda: None)
     assert lowered(None, "cpu") == lowered("xla", "cpu")
 
 
@@ -1327,8 +1352,13 @@ LOWERED_LAUNCHES = [
     {"taps": 32, "reuse_rows": True},
     {"walk_columns": True},
     {"walk_columns": True, "walk_warps": 1},
-    {"reuse_rows": False, "wide_strided_reads": False},
-    {"aligned_reads": False, "wide_strided_writes": False},
+    {"aligned_reads": True},
+    {
+        "reuse_rows": False,
+        "wide_strided_reads": False,
+        "wide_strided_writes": False,
+        "walk_columns": False,
+    },
 ]
 
 

@@ -203,11 +203,11 @@ def test_kernel_computes_the_rows_of_a_long_axis(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-# The launch options of a resampled last axis, alone and together.
+# The launch options of a resampled last axis, neither, alone and together.
 LAUNCH_OPTIONS = [
-    {},
-    {"paired": True},
-    {"rows_together": True},
+    {"paired": False, "rows_together": False},
+    {"paired": True, "rows_together": False},
+    {"paired": False, "rows_together": True},
     {"paired": True, "rows_together": True},
 ]
 
@@ -385,6 +385,22 @@ def test_kernel_launch_options_move_nearest_values_exactly(dtype):
 def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
     axis = _plan.Axis(n_in, n_out, _plan.Affine(scale, a, b), linear, "half_up")
     return _plan.plan(axis, transpose)
+
+
+def test_launch_reads_pairs_and_holds_short_rows_together():
+    # Every launch reads a last axis in pairs where it repeats so (``_pairs`` says
+    # where), and holds a program's rows as one tile where they are of one channel
+    # and a row alone would leave a thread one element or less: a tile of 128
+    # columns on 4 warps.
+    def launch(out):
+        return _pallas._launch(out, False)
+
+    assert all(launch(out).paired for out in [(8, 64, 512, 1), (8, 64, 512, 32)])
+    assert launch((8, 64, 128, 1)).rows_together
+    assert launch((8, 64, 100, 1)).rows_together  # a tile of 128 columns
+    assert not launch((8, 64, 129, 1)).rows_together  # 256
+    assert not launch((8, 64, 512, 1)).rows_together
+    assert not launch((8, 64, 128, 32)).rows_together  # 32 channels, 32 columns
 
 
 def test_columns_are_read_in_pairs_where_they_repeat_every_two():
@@ -576,7 +592,7 @@ def test_kernel_reading_rows_by_their_pattern_lowers_for_cuda(shape, scales):
 
 
 # Every launch option a GPU run may time (benchmarks/tune.py, benchmarks/compare.py).
-LOWERED_OPTIONS = [*LAUNCH_OPTIONS, {"row_pattern": True}, {"warps": 1}]
+LOWERED_OPTIONS = [{}, *LAUNCH_OPTIONS, {"row_pattern": True}, {"warps": 1}]
 
 
 # Lowering builds each kernel's Triton program, as a GPU run would, without running
@@ -717,7 +733,8 @@ def test_kernel_launch_options_lower_for_cuda(mode):
         ),
     ]
     for op, operand in ops:
-        table = lowered_text(op, operand, platform="cuda")
+        with launches_with(**LAUNCH_OPTIONS[0]):  # neither option
+            table = lowered_text(op, operand, platform="cuda")
         for fields in LAUNCH_OPTIONS[1:]:
             with launches_with(**fields):
                 text = lowered_text(op, operand, platform="cuda")
@@ -948,8 +965,10 @@ def test_joint_form_accumulates_half_precision_in_float32(dtype, in_shape, scale
 
 def test_joint_form_leaves_the_cpu_program_as_it_was(patch):
     # The CPU (and TPU) keep the axes one at a time: XLA:CPU compiles "xla" to the
-    # same program as with no joint form at all.
-    x = jax.ShapeDtypeStruct((2, 3, 8, 8), jnp.float32)
+    # same program as with no joint form at all. (Compiled for the CPU whatever
+    # the default device: a GPU takes the joint form.)
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    x = jax.ShapeDtypeStruct((2, 3, 8, 8), jnp.float32, sharding=cpu)
 
     def program():
         kw = dict(mode="linear", implementation="xla")
@@ -985,7 +1004,9 @@ def lowered(
     return lowered_text(fn, arg, platform=platform)
 
 
-def test_default_is_the_portable_program_on_the_cpu():
+def test_default_is_the_portable_program_on_the_cpu(patch):
+    # No CUDA GPU in the process (as on a machine without one, whatever this one has).
+    patch(_implementation, "_cuda_capability", lambda: None)
     for grad in (False, True):
         assert lowered(None, "cpu", grad=grad) == lowered("xla", "cpu", grad=grad)
 

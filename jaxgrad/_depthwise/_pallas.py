@@ -151,9 +151,9 @@ class _Cut:
     strided columns in pairs (``_Launch.wide_strided_reads``,
     ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
     from aligned vectors (``_Launch.aligned_reads``), whether it reads a row
-    ahead (``_Launch.read_ahead``), and whether it walks the columns, on how
-    many warps and channels (``_Launch.walk_columns``, ``_Launch.walk_warps``,
-    ``_Launch.walk_channels``)."""
+    ahead (``_Launch.read_ahead``), and the filters whose columns it walks (those
+    of at most ``walk_taps`` taps), on how many warps and channels
+    (``_Launch.walk_columns``, ``_Launch.walk_warps``, ``_Launch.walk_channels``)."""
 
     tile: int
     most_channels: int
@@ -164,44 +164,40 @@ class _Cut:
     wide_strided_writes: bool = False
     aligned_reads: bool = False
     read_ahead: bool = False
-    walk_columns: bool = False
+    walk_taps: int = 0
     walk_warps: int = 2
     walk_channels: int = 32
 
 
-# Each kernel's cut by layout, chosen from benchmarks/tune.py's searches on an H200
-# over benchmarks/gpu.py's cases (docs/design.md says how; docs/performance.md has
-# the searches). Loads are coalesced along the array's minor axis, channels in NHWC
-# and columns in NCHW, so that axis gets the wide side of the tile. The filter
-# gradient keeps its rows: it holds no taps, so the kept windows fit beside its sums.
-# The NCHW forward and filter gradient read strided columns in pairs: timed against
-# every other column read alone, the wide loads paid for the registers they take.
-# The NCHW input gradient writes them in pairs, which takes no more registers than
-# every other column written alone (benchmarks/kernel_report.py), in fewer loads
-# and stores. Every NCHW kernel reads unaligned runs of columns from aligned
-# vectors: fewer loads and registers in every kernel of the report it changes.
+# Each kernel's cut by layout, chosen from benchmarks/tune.py's searches and
+# benchmarks/compare.py's timings on an H200 over benchmarks/gpu.py's cases
+# (docs/design.md says how; docs/performance.md has the timings). Loads are
+# coalesced along the array's minor axis, channels in NHWC and columns in NCHW, so
+# that axis gets the wide side of the tile. The filter gradient keeps its rows: it
+# holds no taps, so the kept windows fit beside its sums. The NHWC filter gradient
+# walks the columns of filters up to 3x3, on one warp a program: faster than its
+# tiles at stride 1, as fast at stride 2 and with a multiplier; the forward's and
+# the input gradient's walks were slower than their tiles, and a 5x5 walk takes
+# about a minute to compile. The NCHW forward and filter gradient read strided
+# columns in pairs: timed against every other column read alone, the wide loads
+# paid for the registers they take. The NCHW input gradient writes them in pairs,
+# in fewer stores: its stride-2 case ran in a fraction of the time (timed with the
+# aligned reads below, not yet without them). No kernel reads unaligned runs of
+# columns from aligned vectors (``_Launch.aligned_reads``): fewer loads and
+# registers, but slower in every NCHW case timed but the depth multiplier's
+# forward and filter gradient.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
-    ("filter", "NHWC"): _Cut(tile=512, most_channels=64, warps=8, reuse_rows=True),
+    ("filter", "NHWC"): _Cut(
+        tile=512, most_channels=64, warps=8, reuse_rows=True, walk_taps=9, walk_warps=1
+    ),
     ("forward", "NCHW"): _Cut(
-        tile=1024,
-        most_channels=8,
-        warps=4,
-        reuse_rows=True,
-        wide_strided_reads=True,
-        aligned_reads=True,
+        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
     ),
-    ("input", "NCHW"): _Cut(
-        tile=512, most_channels=8, warps=4, wide_strided_writes=True, aligned_reads=True
-    ),
+    ("input", "NCHW"): _Cut(tile=512, most_channels=8, warps=4, wide_strided_writes=True),
     ("filter", "NCHW"): _Cut(
-        tile=1024,
-        most_channels=8,
-        warps=4,
-        reuse_rows=True,
-        wide_strided_reads=True,
-        aligned_reads=True,
+        tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
     ),
 }
 # The cuts for a filter of more taps than its kernel's cut above holds, up to the
@@ -251,7 +247,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         wide_strided_writes=cut.wide_strided_writes,
         aligned_reads=cut.aligned_reads,
         read_ahead=cut.read_ahead,
-        walk_columns=cut.walk_columns,
+        walk_columns=math.prod(conv.kernel) <= cut.walk_taps,
         walk_warps=cut.walk_warps,
         walk_channels=cut.walk_channels,
     )

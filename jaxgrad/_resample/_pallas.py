@@ -109,7 +109,8 @@ class _Launch:
     # program's rows as a block of whole periods of it, which reads each input row
     # its rows share once (once for each tap of the row axes before it) and sums
     # it into every row that reads it, where the block lies inside the pattern;
-    # blocks at the axis's ends go through the tables.
+    # blocks at the axis's ends go through the tables. The rows are then not held
+    # together, whatever ``rows_together`` says.
     row_pattern: bool = False
 
     def index(self, lanes: jax.Array, size: int, *, store: bool = False) -> jax.Array:
@@ -118,13 +119,22 @@ class _Launch:
 
 
 def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
-    """The tiles for an output viewed as ``[batch, rows, columns, channels]``."""
+    """The tiles for an output viewed as ``[batch, rows, columns, channels]``, and
+    how they are read."""
     _, rows, cols, channels = out
     # Loads are coalesced along the array's minor axis: the channels, or the
     # columns when there are none (a resampled last axis).
     chans = min(pl.next_power_of_2(channels), _MAX_CHANNELS)
     cols = min(pl.next_power_of_2(cols), _TILE // chans)
-    return _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
+    launch = _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
+    # Timed on an H200 (docs/performance.md): a last axis read in pairs, where it
+    # repeats so, was faster than through the column table; a program's rows held
+    # together as well, where a row alone leaves a thread one element or less (the
+    # 3-D volume's 128 columns), faster still. On longer rows the rows together
+    # take registers enough to leave fewer programs on a multiprocessor
+    # (benchmarks/kernel_report.py), and made the NCHW 2x gradient slower.
+    short_rows = chans == 1 and cols <= 32 * launch.warps
+    return dataclasses.replace(launch, paired=True, rows_together=short_rows)
 
 
 _Taps = tuple[tuple[int, float], ...]  # (input column or offset, weight) of each tap
@@ -726,15 +736,15 @@ def apply(
     launch = _launch(view_out, interpret)
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
+    row_pattern = None
+    if launch.row_pattern:
+        row_pattern = _last_row_pattern(work, launch.rows)
+        if row_pattern is not None:  # a program's rows: a block of whole periods
+            launch = dataclasses.replace(launch, rows=len(row_pattern.taps), rows_together=False)
     if launch.rows_together and launch.channels == 1:
         # The rows form one tile, whose sides Triton's blocks must make powers of
         # two; rows past the output's last are read inside it and not stored.
         launch = dataclasses.replace(launch, rows=pl.next_power_of_2(launch.rows))
-    row_pattern = None
-    if launch.row_pattern and not launch.rows_together:
-        row_pattern = _last_row_pattern(work, launch.rows)
-        if row_pattern is not None:  # a program's rows: a block of whole periods
-            launch = dataclasses.replace(launch, rows=len(row_pattern.taps))
     params = None
     if not interpret:
         params = plgpu.CompilerParams(num_warps=launch.warps, num_stages=2)
