@@ -3,7 +3,7 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
-                                       [--walk-columns]
+                                       [--walk-columns] [--aligned-reads]
                                        [--tables] [--rows-together] [--row-pattern]
                                        [--dump DIR]
                                        [--loops]
@@ -36,7 +36,9 @@ the current one (``_Launch.read_ahead``): what holding a row's tiles a step long
 costs in registers. ``--walk-columns`` makes the NHWC kernels walk their rows'
 columns in order (``_Launch.walk_columns``; the input gradient at strides of 1
 without a multiplier): a tile of rows by channels a step, each column read once
-per filter row.
+per filter row. ``--aligned-reads`` makes every NCHW depthwise kernel read a run
+of columns that starts off a vector's alignment from the aligned vectors under
+it (``_Launch.aligned_reads``), as the kernels did before a GPU timed it slower.
 ``--tables`` makes the resample kernel gather every output's column taps
 through the column table, where its launch reads a last axis that repeats every
 two output columns, or every output two input columns, in pairs
@@ -407,6 +409,11 @@ def main() -> None:
         help="the NHWC kernels walk their rows' columns in order",
     )
     parser.add_argument(
+        "--aligned-reads",
+        action="store_true",
+        help="the NCHW depthwise kernels read unaligned runs of columns from aligned vectors",
+    )
+    parser.add_argument(
         "--tables",
         action="store_true",
         help="the resample kernel reads its columns through the tables: no pairs, no rows "
@@ -458,6 +465,8 @@ def main() -> None:
             imposed["read_ahead"] = True
         if args.walk_columns:
             imposed["walk_columns"] = True
+        if args.aligned_reads:
+            imposed["aligned_reads"] = True
         resample_options = {"paired": False, "rows_together": False} if args.tables else {}
         if args.rows_together:
             resample_options["rows_together"] = True
