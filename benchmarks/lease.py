@@ -177,6 +177,14 @@ STEPS = (
         limit=150,
     ),
     Step(
+        "walk-tile",
+        "the channels of the walking NHWC filter gradient's tile (16, 32 or 64), never searched",
+        "tune.py",
+        '--family depthwise --groups "walk tile" --cases "3x3 s1 NHWC" "3x3 s2 NHWC" '
+        '"M2 NHWC" --ops backprop_filter',
+        limit=120,
+    ),
+    Step(
         "wide-tile",
         "a 5x5 NCHW filter gradient whose tile narrows to 64 columns to hold its sums, "
         "against the 128-column tile",
