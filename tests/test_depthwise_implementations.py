@@ -694,15 +694,12 @@ def test_columns_are_read_from_aligned_vectors_where_rows_start_aligned(width, m
     # many pieces as the window itself, so the window is read as it is. (A launch
     # option no cut sets.)
     launch_on_one_warp(monkeypatch)
-    on_one_warp = _pallas._launch
-    monkeypatch.setattr(
-        _pallas, "_launch", lambda *a: dataclasses.replace(on_one_warp(*a), aligned_reads=True)
-    )
     cfg = make_cfg((1, 4, width, 8), (3, 3, 8, 1), (1, 1), (1, 1), "SAME")
     (x, f, _), (x64, f64, _) = operands(cfg, "NCHW", jnp.bfloat16)
     forward = three_ops(cfg, "NCHW", implementation="pallas")["forward"]
-    jax.clear_caches()  # no kernel traced for another width's test is reused
-    with mock.patch.object(_kernels, "aligned_run", wraps=_kernels.aligned_run) as aligned_run:
+    spy = mock.patch.object(_kernels, "aligned_run", wraps=_kernels.aligned_run)
+    # launches_with clears JAX's caches: no kernel traced for another width is reused.
+    with launches_with(aligned_reads=True), spy as aligned_run:
         y = from_nchw(np.asarray(forward(x, f), np.float64))
     assert aligned_run.called == moved
     assert relative_error(y, ref_forward(x64, f64, cfg)) < 1e-2
