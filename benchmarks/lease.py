@@ -120,7 +120,7 @@ BEFORE_DEPTHWISE = Variant(
         ("wide_strided_writes=True)", "wide_strided_writes=True, aligned_reads=True)"),
     ),
 )
-RESAMPLE_LAUNCH = "return dataclasses.replace(launch, paired=True, rows_together=short_rows)"
+RESAMPLE_LAUNCH = "return dataclasses.replace(launch, paired=True, rows_together=together)"
 BEFORE_RESAMPLE = Variant("resample", ((RESAMPLE_LAUNCH, "return launch"),))
 VOLUME = Variant(
     "resample",
@@ -130,6 +130,11 @@ VOLUME = Variant(
             "return dataclasses.replace(launch, paired=True, row_pattern=True, warps=1)",
         ),
     ),
+)
+# Resample's rows held together where they are short alone, as before half-precision
+# rows of two outputs a lane were held together for their stores.
+SHORT_ROWS_ONLY = Variant(
+    "resample", (("together = short_rows or narrow_stores\n", "together = short_rows\n"),)
 )
 WIDE_TILE = Variant("depthwise", (limit("_MOST_SUMS", "72", "1 << 30"),))
 UNROLLED = Variant("resample", (limit("_MAX_UNROLLED_READS", "64", "1 << 30"),))
@@ -160,16 +165,27 @@ STEPS = (
     ),
     Step(
         "resample-before",
-        "the resample kernel as it is (a last axis read in pairs, short rows held together) "
-        "against its tables alone, every channels-first case",
+        "the resample kernel as it is (a last axis read in pairs, short rows and "
+        "half-precision rows of two outputs a lane held together) against its tables alone, "
+        "every channels-first case",
         "compare.py",
         "--family resample --cases NCHW NCDHW",
         limit=240,
         variant=BEFORE_RESAMPLE,
     ),
     Step(
+        "narrow-stores",
+        "the resample kernel holding half-precision rows of two outputs a lane together "
+        "(timed so only with every row together) against holding short rows alone",
+        "compare.py",
+        '--family resample --cases "NCHW linear 2.0x bfloat16" "NCHW nearest 2.0x bfloat16" '
+        '"NCHW linear 0.5x bfloat16" "NCHW nearest 0.5x bfloat16"',
+        limit=120,
+        variant=SHORT_ROWS_ONLY,
+    ),
+    Step(
         "resample-defaults",
-        "the kernel (a last axis in pairs, short rows together) against XLA's program, where "
+        "the kernel, as it launches, against XLA's program, where "
         "the default takes the kernel for the channels-first linear 2x forwards and leaves "
         "their gradients with XLA",
         "gpu.py",

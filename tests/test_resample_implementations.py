@@ -392,8 +392,8 @@ def test_launch_reads_pairs_and_holds_short_rows_together():
     # where), and holds a program's rows as one tile where they are of one channel
     # and a row alone would leave a thread one element or less: a tile of 128
     # columns on 4 warps.
-    def launch(out):
-        return _pallas._launch(out, False)
+    def launch(out, pairs=None, itemsize=4):
+        return _pallas._launch(out, pairs, itemsize, False)
 
     assert all(launch(out).paired for out in [(8, 64, 512, 1), (8, 64, 512, 32)])
     assert launch((8, 64, 128, 1)).rows_together
@@ -401,6 +401,53 @@ def test_launch_reads_pairs_and_holds_short_rows_together():
     assert not launch((8, 64, 129, 1)).rows_together  # 256
     assert not launch((8, 64, 512, 1)).rows_together
     assert not launch((8, 64, 128, 32)).rows_together  # 32 channels, 32 columns
+
+
+def test_launch_holds_rows_of_two_outputs_a_lane_together_for_whole_vector_stores():
+    # With two outputs a lane (a 2x upsampling along the last axis), a row alone of
+    # 512 columns on 128 threads stores 8 bytes a thread in half precision: the rows
+    # are held together, whose tile stores 16-byte vectors. A float32 row stores 16
+    # already, and a row of two inputs a lane (the gradient of 2x) stays alone.
+    upsampling = _pallas._pairs(last_axis_plan(256, 512, 2.0, True, False), channels=1)
+    gradient = _pallas._pairs(last_axis_plan(256, 512, 2.0, True, True), channels=1)
+    assert (upsampling.outputs, gradient.outputs) == (2, 1)
+
+    def together(out, pairs, itemsize):
+        return _pallas._launch(out, pairs, itemsize, False).rows_together
+
+    assert together((8, 512, 512, 1), upsampling, 2)
+    assert together((8, 512, 1000, 1), upsampling, 1)  # a tile of 1024 one-byte columns
+    assert not together((8, 512, 512, 1), upsampling, 4)
+    assert not together((8, 512, 1024, 1), upsampling, 2)  # 16 bytes a thread
+    assert not together((8, 256, 256, 1), gradient, 2)
+    assert not together((8, 512, 512, 1), None, 2)
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_default_launch_of_a_half_precision_2x_upsampling_matches_the_reference(patch, mode):
+    # A bfloat16 2x upsampling along a last axis of 160 columns (a tile of 512
+    # output columns) is launched with its rows together (above), and its results
+    # are float64's to bfloat16's rounding; nearest neighbour moves the values.
+    chosen, launched = _pallas._launch, []
+
+    def recording(*args, **kwargs):
+        launched.append(chosen(*args, **kwargs))
+        return launched[-1]
+
+    patch(_pallas, "_launch", recording)
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((1, 2, 3, 160)), jnp.bfloat16)
+    scales = (1, 1, 2.0, 2.0)
+    y = jaxgrad.resample(x, scales, mode=mode, **KERNEL)
+    assert {(launch.cols, launch.rows_together) for launch in launched} == {(512, True)}
+    args = scales, (0.5,) * 4, (-0.5,) * 4, mode, "half_up"
+    want = reference_resample(np.asarray(x, np.float64), y.shape, *args)
+    tol = TOLERANCE[np.dtype(jnp.bfloat16)]
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=tol, atol=tol)
+    if mode == "nearest":
+        portable = jaxgrad.resample(x, scales, mode=mode, implementation="xla")
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(portable))
 
 
 def test_columns_are_read_in_pairs_where_they_repeat_every_two():

@@ -118,9 +118,12 @@ class _Launch:
         return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
-def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
-    """The tiles for an output viewed as ``[batch, rows, columns, channels]``, and
-    how they are read."""
+def _launch(
+    out: tuple[int, int, int, int], pairs: _Pairs | None, itemsize: int, interpret: bool
+) -> _Launch:
+    """The tiles for an output viewed as ``[batch, rows, columns, channels]`` of
+    elements of ``itemsize`` bytes, whose last axis can be read as ``pairs`` says
+    (None: not in pairs), and how they are read."""
     _, rows, cols, channels = out
     # Loads are coalesced along the array's minor axis: the channels, or the
     # columns when there are none (a resampled last axis).
@@ -128,13 +131,19 @@ def _launch(out: tuple[int, int, int, int], interpret: bool) -> _Launch:
     cols = min(pl.next_power_of_2(cols), _TILE // chans)
     launch = _Launch(cols=cols, channels=chans, rows=min(rows, _ROWS), interpret=interpret)
     # Timed on an H200 (docs/performance.md): a last axis read in pairs, where it
-    # repeats so, was faster than through the column table; a program's rows held
-    # together as well, where a row alone leaves a thread one element or less (the
-    # 3-D volume's 128 columns), faster still. On longer rows the rows together
-    # take registers enough to leave fewer programs on a multiprocessor
-    # (benchmarks/kernel_report.py), and made the NCHW 2x gradient slower.
-    short_rows = chans == 1 and cols <= 32 * launch.warps
-    return dataclasses.replace(launch, paired=True, rows_together=short_rows)
+    # repeats so, is faster than through the column table. A program's rows held
+    # together as well are faster still where a row alone leaves a thread one
+    # element or less (a 3-D volume's 128 columns), or, with two outputs a lane,
+    # less than one 16-byte vector to store (a half-precision 2x upsampling): the
+    # rows together store whole vectors. Elsewhere they only take registers
+    # (benchmarks/kernel_report.py counts them), which leave fewer programs on a
+    # multiprocessor, and time: a float32 row stores whole vectors already, and
+    # the gradient of a 2x upsampling reads two inputs a lane.
+    threads = 32 * launch.warps
+    short_rows = chans == 1 and cols <= threads
+    narrow_stores = pairs is not None and pairs.outputs == 2 and cols * itemsize < 16 * threads
+    together = short_rows or narrow_stores
+    return dataclasses.replace(launch, paired=True, rows_together=together)
 
 
 _Taps = tuple[tuple[int, float], ...]  # (input column or offset, weight) of each tap
@@ -673,14 +682,16 @@ def refusal(
         return None  # nothing to compute
     view_in = _view(shape, work.first, work.last)
     view_out = _view(out_shape, work.first, work.last)
-    programs = _programs(view_out, _launch(view_out, interpret=False))
+    itemsize = jnp.dtype(_dtypes(work, dtype)[0]).itemsize
+    launch = _launch(view_out, _pairs(work.plans[-1], view_out[3]), itemsize, interpret=False)
+    programs = _programs(view_out, launch)
     if max(*view_in[1:], *view_out[1:], programs) > _MAX_INT32:
         return (
             "the kernel counts in int32, up to 2**31 - 1, and views the input as "
             f"[batch, rows, columns, channels] {list(view_in)}, the output as "
             f"{list(view_out)} in {programs} programs"
         )
-    if jnp.dtype(_dtypes(work, dtype)[0]).itemsize == 1:
+    if itemsize == 1:
         for name, array_shape in (("input", shape), ("output", out_shape)):
             elements = math.prod(array_shape)
             if _MAX_INT32 < elements <= _INT32_OFFSETS_BYTES:
@@ -733,7 +744,8 @@ def apply(
         return jnp.zeros(out_shape, x.dtype)
     source = _dtypes(work, x.dtype)[0]
     view_out = _view(out_shape, first, last)
-    launch = _launch(view_out, interpret)
+    pairs = _pairs(work.plans[-1], view_out[3])
+    launch = _launch(view_out, pairs, jnp.dtype(source).itemsize, interpret)
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
     row_pattern = None
@@ -754,7 +766,7 @@ def apply(
             row_axes=tuple((plan.n_cols, plan.n_rows) for plan in work.plans[:-1]),
             exact=work.exact,
             launch=launch,
-            pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and pairable else None,
+            pairs=pairs if launch.paired and pairable else None,
             row_pattern=row_pattern,
         ),
         out_shape=_kernels.varying_as(
