@@ -993,6 +993,23 @@ def test_the_benchmark_cases_get_the_searched_launches(
         assert warps >= _pallas._MIN_WARPS or launch.rows == 1, kernel
 
 
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("multiplier", [1, 2, 3])
+def test_only_the_multipliers_nchw_forward_and_filter_gradient_read_aligned(
+    data_format, multiplier
+):
+    # Timed on a GPU, reading unaligned runs of columns from aligned vectors made
+    # every NCHW kernel slower but the forward and the filter gradient with a depth
+    # multiplier: those launches read so, and no other.
+    shape = (32, 112, 112, 32) if data_format == "NHWC" else (32, 32, 112, 112)
+    conv = _plan.configure(
+        "test", shape, (3, 3, 32, multiplier), (1, 1), "SAME", data_format, (1, 1), ()
+    )
+    for kernel in ("forward", "input", "filter"):
+        aligned = data_format == "NCHW" and multiplier > 1 and kernel != "input"
+        assert _pallas._launch(conv, False, kernel).aligned_reads == aligned, kernel
+
+
 def sums_per_thread(conv, launch):
     """The float32 sums a filter-gradient thread holds: a tap of its largest
     group for each element of its tile."""

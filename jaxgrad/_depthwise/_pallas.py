@@ -182,10 +182,11 @@ class _Cut:
 # columns in pairs: timed against every other column read alone, the wide loads
 # paid for the registers they take. The NCHW input gradient writes them in pairs,
 # in fewer stores: its stride-2 case ran in a fraction of the time (timed with the
-# aligned reads below, not yet without them). No kernel reads unaligned runs of
-# columns from aligned vectors (``_Launch.aligned_reads``): fewer loads and
-# registers, but slower in every NCHW case timed but the depth multiplier's
-# forward and filter gradient.
+# aligned reads below, not yet without them). Only with a depth multiplier do
+# the NCHW kernels read unaligned runs of columns from aligned vectors
+# (``_Launch.aligned_reads``; ``_MULTIPLIER_CUTS``): fewer loads and registers,
+# but slower in every NCHW case timed but the multiplier's forward and filter
+# gradient.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
@@ -199,6 +200,13 @@ _CUTS = {
     ("filter", "NCHW"): _Cut(
         tile=1024, most_channels=8, warps=4, reuse_rows=True, wide_strided_reads=True
     ),
+}
+# The cuts of the NCHW forward and filter gradient with a depth multiplier, which
+# read unaligned runs of columns from aligned vectors: timed with a multiplier of
+# 2 they took less time so, where without one every NCHW kernel took more.
+_MULTIPLIER_CUTS = {
+    key: dataclasses.replace(_CUTS[key], aligned_reads=True)
+    for key in [("forward", "NCHW"), ("filter", "NCHW")]
 }
 # The cuts for a filter of more taps than its kernel's cut above holds, up to the
 # taps these hold (a 5x5 filter), where a search found one: the forward and the
@@ -272,6 +280,8 @@ def _holding_its_sums(conv: Conv, launch: _Launch) -> _Launch:
 def _cut(conv: Conv, kernel: str) -> _Cut:
     """``kernel``'s cut for ``conv``'s layout and filter."""
     key = (kernel, _layout_name(conv))
+    if conv.multiplier > 1 and key in _MULTIPLIER_CUTS:
+        return _MULTIPLIER_CUTS[key]
     cut, wide = _CUTS[key], _WIDE_FILTER_CUTS.get(key)
     if wide is not None and cut.taps < math.prod(conv.kernel) <= wide.taps:
         return wide
