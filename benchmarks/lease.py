@@ -156,7 +156,8 @@ STEPS = (
     Step(
         "depthwise-before",
         "the depthwise kernels as they are (the NHWC filter gradient walking a 3x3 "
-        "filter's columns, no NCHW kernel reading aligned vectors) against the launches "
+        "filter's columns, no NCHW kernel but the multiplier's forward and filter gradient "
+        "reading aligned vectors) against the launches "
         "before, every case they change",
         "compare.py",
         f'--cases "96] 3x3 s1" "96] 3x3 s2" "192] 5x5 s1 NCHW" M2 {OPS}',

@@ -387,13 +387,25 @@ def last_axis_plan(n_in, n_out, scale, linear, transpose, a=0.5, b=-0.5):
     return _plan.plan(axis, transpose)
 
 
+def kernel_work(sizes, linear=True, transpose=False):
+    """The resample kernel's work for axes of ``(input, output)`` sizes, each scaled
+    by their ratio with half-pixel offsets."""
+    axes = tuple(
+        _plan.Axis(n_in, n_out, _plan.Affine(n_out / n_in, 0.5, -0.5), linear, "half_up")
+        for n_in, n_out in sizes
+    )
+    return _pallas._work(axes, transpose)
+
+
 def test_launch_reads_pairs_and_holds_short_rows_together():
     # Every launch reads a last axis in pairs where it repeats so (``_pairs`` says
     # where), and holds a program's rows as one tile where they are of one channel
     # and a row alone would leave a thread one element or less: a tile of 128
     # columns on 4 warps.
-    def launch(out, pairs=None, itemsize=4):
-        return _pallas._launch(out, pairs, itemsize, False)
+    work = kernel_work([(1, 1), (32, 64), (64, 192)])  # 3x: not read in pairs
+
+    def launch(out):
+        return _pallas._launch(out, work, 4, False)
 
     assert all(launch(out).paired for out in [(8, 64, 512, 1), (8, 64, 512, 32)])
     assert launch((8, 64, 128, 1)).rows_together
@@ -404,23 +416,28 @@ def test_launch_reads_pairs_and_holds_short_rows_together():
 
 
 def test_launch_holds_rows_of_two_outputs_a_lane_together_for_whole_vector_stores():
-    # With two outputs a lane (a 2x upsampling along the last axis), a row alone of
-    # 512 columns on 128 threads stores 8 bytes a thread in half precision: the rows
-    # are held together, whose tile stores 16-byte vectors. A float32 row stores 16
-    # already, and a row of two inputs a lane (the gradient of 2x) stays alone.
-    upsampling = _pallas._pairs(last_axis_plan(256, 512, 2.0, True, False), channels=1)
-    gradient = _pallas._pairs(last_axis_plan(256, 512, 2.0, True, True), channels=1)
-    assert (upsampling.outputs, gradient.outputs) == (2, 1)
+    # With two outputs a lane (a 2x upsampling along the last axis) and two row
+    # taps, a row alone of 512 columns on 128 threads stores 8 bytes a thread in
+    # half precision: the rows are held together, whose tile stores 16-byte
+    # vectors (so in the gradient of 0.5x). A float32 row stores 16 already; a row
+    # of two inputs a lane (the gradient of 2x) and a row of four row taps (a 3-D
+    # linear 2x upsampling) stay alone.
+    def together(sizes, itemsize, linear=True, transpose=False):
+        work = kernel_work(sizes, linear, transpose)
+        out_shape = _pallas._out_shape(tuple(n for n, _ in sizes), work)
+        view = _pallas._view(out_shape, work.first, work.last)
+        return _pallas._launch(view, work, itemsize, False).rows_together
 
-    def together(out, pairs, itemsize):
-        return _pallas._launch(out, pairs, itemsize, False).rows_together
-
-    assert together((8, 512, 512, 1), upsampling, 2)
-    assert together((8, 512, 1000, 1), upsampling, 1)  # a tile of 1024 one-byte columns
-    assert not together((8, 512, 512, 1), upsampling, 4)
-    assert not together((8, 512, 1024, 1), upsampling, 2)  # 16 bytes a thread
-    assert not together((8, 256, 256, 1), gradient, 2)
-    assert not together((8, 512, 512, 1), None, 2)
+    upsampling = [(8, 8), (256, 512), (256, 512)]
+    assert together(upsampling, 2)
+    assert together(upsampling, 2, linear=False)  # one row tap
+    assert together(upsampling, 1)
+    assert not together(upsampling, 4)
+    assert not together([(8, 8), (256, 512), (512, 1024)], 2)  # 16 bytes a thread
+    assert not together(upsampling, 2, transpose=True)  # the gradient of 2x
+    assert together([(8, 8), (512, 256), (512, 256)], 2, transpose=True)  # of 0.5x
+    assert not together([(8, 16), (16, 32), (256, 512)], 2)  # 4 row taps
+    assert together([(8, 16), (16, 32), (256, 512)], 2, linear=False)
 
 
 @needs_kernels

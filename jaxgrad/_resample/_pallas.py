@@ -118,12 +118,9 @@ class _Launch:
         return _kernels.masked_index(lanes, size, interpret=self.interpret, store=store)
 
 
-def _launch(
-    out: tuple[int, int, int, int], pairs: _Pairs | None, itemsize: int, interpret: bool
-) -> _Launch:
-    """The tiles for an output viewed as ``[batch, rows, columns, channels]`` of
-    elements of ``itemsize`` bytes, whose last axis can be read as ``pairs`` says
-    (None: not in pairs), and how they are read."""
+def _launch(out: tuple[int, int, int, int], work: _Work, itemsize: int, interpret: bool) -> _Launch:
+    """The tiles for ``work``'s output viewed as ``[batch, rows, columns, channels]``,
+    of elements of ``itemsize`` bytes, and how they are read."""
     _, rows, cols, channels = out
     # Loads are coalesced along the array's minor axis: the channels, or the
     # columns when there are none (a resampled last axis).
@@ -133,15 +130,22 @@ def _launch(
     # Timed on an H200 (docs/performance.md): a last axis read in pairs, where it
     # repeats so, is faster than through the column table. A program's rows held
     # together as well are faster still where a row alone leaves a thread one
-    # element or less (a 3-D volume's 128 columns), or, with two outputs a lane,
-    # less than one 16-byte vector to store (a half-precision 2x upsampling): the
-    # rows together store whole vectors. Elsewhere they only take registers
-    # (benchmarks/kernel_report.py counts them), which leave fewer programs on a
-    # multiprocessor, and time: a float32 row stores whole vectors already, and
-    # the gradient of a 2x upsampling reads two inputs a lane.
+    # element or less (a 3-D volume's 128 columns), or, with two outputs a lane and
+    # two row taps, less than one 16-byte vector to store (a half-precision 2-D 2x
+    # upsampling): the rows together store whole vectors. Elsewhere they take
+    # registers (benchmarks/kernel_report.py counts them), which leave fewer
+    # programs on a multiprocessor, and time: a float32 row stores whole vectors
+    # already, the gradient of a 2x upsampling reads two inputs a lane, and more
+    # row taps hold more rows' columns at once.
+    pairs = _pairs(work.plans[-1], channels)
     threads = 32 * launch.warps
     short_rows = chans == 1 and cols <= threads
-    narrow_stores = pairs is not None and pairs.outputs == 2 and cols * itemsize < 16 * threads
+    narrow_stores = (
+        pairs is not None
+        and pairs.outputs == 2
+        and _row_taps(work) <= 2
+        and cols * itemsize < 16 * threads
+    )
     together = short_rows or narrow_stores
     return dataclasses.replace(launch, paired=True, rows_together=together)
 
@@ -631,6 +635,12 @@ class _Work:
         return self.first + len(self.plans) - 1
 
 
+def _row_taps(work: _Work) -> int:
+    """The taps of an output row: one of each row axis's taps, for every
+    combination (one, where the kernel only moves values)."""
+    return 1 if work.exact else math.prod(plan.width for plan in work.plans[:-1])
+
+
 def _work(axes: tuple[Axis, ...], transpose: bool) -> _Work | None:
     """The kernel's work, or None if every axis is the identity."""
     span = _plan.resampled_axes(axes, transpose)
@@ -683,7 +693,7 @@ def refusal(
     view_in = _view(shape, work.first, work.last)
     view_out = _view(out_shape, work.first, work.last)
     itemsize = jnp.dtype(_dtypes(work, dtype)[0]).itemsize
-    launch = _launch(view_out, _pairs(work.plans[-1], view_out[3]), itemsize, interpret=False)
+    launch = _launch(view_out, work, itemsize, interpret=False)
     programs = _programs(view_out, launch)
     if max(*view_in[1:], *view_out[1:], programs) > _MAX_INT32:
         return (
@@ -744,8 +754,7 @@ def apply(
         return jnp.zeros(out_shape, x.dtype)
     source = _dtypes(work, x.dtype)[0]
     view_out = _view(out_shape, first, last)
-    pairs = _pairs(work.plans[-1], view_out[3])
-    launch = _launch(view_out, pairs, jnp.dtype(source).itemsize, interpret)
+    launch = _launch(view_out, work, jnp.dtype(source).itemsize, interpret)
     # Pairs need tiles of one channel, and two columns at least for two outputs a lane.
     pairable = launch.channels == 1 and launch.cols > 1
     row_pattern = None
@@ -766,7 +775,7 @@ def apply(
             row_axes=tuple((plan.n_cols, plan.n_rows) for plan in work.plans[:-1]),
             exact=work.exact,
             launch=launch,
-            pairs=pairs if launch.paired and pairable else None,
+            pairs=_pairs(work.plans[-1], view_out[3]) if launch.paired and pairable else None,
             row_pattern=row_pattern,
         ),
         out_shape=_kernels.varying_as(
