@@ -131,8 +131,8 @@ VOLUME = Variant(
         ),
     ),
 )
-# Resample's rows held together where they are short alone, as before half-precision
-# rows of two outputs a lane were held together for their stores.
+# Resample's rows held together where they are short alone, as before rows of two
+# outputs a lane were held together for their stores.
 SHORT_ROWS_ONLY = Variant(
     "resample", (("together = short_rows or narrow_stores\n", "together = short_rows\n"),)
 )
@@ -166,8 +166,8 @@ STEPS = (
     ),
     Step(
         "resample-before",
-        "the resample kernel as it is (a last axis read in pairs, short rows and "
-        "half-precision rows of two outputs a lane held together) against its tables alone, "
+        "the resample kernel as it is (a last axis read in pairs, short rows and rows of "
+        "two outputs a lane storing narrow vectors held together) against its tables alone, "
         "every channels-first case",
         "compare.py",
         "--family resample --cases NCHW NCDHW",
@@ -176,8 +176,9 @@ STEPS = (
     ),
     Step(
         "narrow-stores",
-        "the resample kernel holding half-precision rows of two outputs a lane together "
-        "(timed so only with every row together) against holding short rows alone",
+        "the resample kernel holding rows of two outputs a lane together where a row alone "
+        "stores under 16 bytes a thread (timed so only with every row together) against "
+        "holding short rows alone",
         "compare.py",
         '--family resample --cases "NCHW linear 2.0x bfloat16" "NCHW nearest 2.0x bfloat16" '
         '"NCHW linear 0.5x bfloat16" "NCHW nearest 0.5x bfloat16"',

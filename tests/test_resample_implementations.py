@@ -419,7 +419,7 @@ def test_launch_holds_rows_of_two_outputs_a_lane_together_for_whole_vector_store
     # With two outputs a lane (a 2x upsampling along the last axis) and two row
     # taps, a row alone of 512 columns on 128 threads stores 8 bytes a thread in
     # half precision: the rows are held together, whose tile stores 16-byte
-    # vectors (so in the gradient of 0.5x). A float32 row stores 16 already; a row
+    # vectors (so in the gradient of 0.5x). A float32 row of 512 stores 16; a row
     # of two inputs a lane (the gradient of 2x) and a row of four row taps (a 3-D
     # linear 2x upsampling) stay alone.
     def together(sizes, itemsize, linear=True, transpose=False):
@@ -433,6 +433,7 @@ def test_launch_holds_rows_of_two_outputs_a_lane_together_for_whole_vector_store
     assert together(upsampling, 2, linear=False)  # one row tap
     assert together(upsampling, 1)
     assert not together(upsampling, 4)
+    assert together([(8, 8), (128, 256), (128, 256)], 4)  # 8 bytes a thread
     assert not together([(8, 8), (256, 512), (512, 1024)], 2)  # 16 bytes a thread
     assert not together(upsampling, 2, transpose=True)  # the gradient of 2x
     assert together([(8, 8), (512, 256), (512, 256)], 2, transpose=True)  # of 0.5x
