@@ -1,4 +1,4 @@
-"""resample and resample_grad against SPEC §2: a loop reference, a scatter-add oracle,
+"""resample and resample_grad against SPEC §2: a literal reference, a scatter-add oracle,
 the seeds' examples, adjoint identity, gradients, determinism and errors."""
 
 import collections
@@ -19,7 +19,8 @@ from jax.test_util import check_grads
 import jaxgrad
 
 # ----------------------------------------------------------------------------------
-# References, written from SPEC §2 literally (loops in float64), not from the code.
+# References, written from SPEC §2 literally (in float64: each axis's taps, their
+# weights' products and sums), not from the code.
 # ----------------------------------------------------------------------------------
 
 
@@ -45,41 +46,65 @@ def all_taps(in_shape, out_shape, scales, a, b, mode, rounding):
     ]
 
 
+def tap_combinations(taps):
+    """Each choice of one tap per axis (SPEC §2.4's product of the axes' taps), in
+    itertools.product's order, for every output at once: the inputs the chosen taps
+    read, as an open mesh over the outputs, and the products of their weights (taken
+    left to right, as ``math.prod``)."""
+    for slots in itertools.product(*(range(len(axis[0])) for axis in taps)):
+        chosen = [[tap[k] for tap in axis] for axis, k in zip(taps, slots, strict=True)]
+        inputs = np.ix_(*([i for i, _ in axis] for axis in chosen))
+        weights = (np.array([w for _, w in axis]) for axis in chosen)
+        yield inputs, functools.reduce(np.multiply.outer, weights, np.float64(1.0))
+
+
 def reference_resample(x, out_shape, scales, a, b, mode, rounding):
+    """y[o] = the sum over tap combinations of weight * x[inputs], in float64, the
+    combinations in a fixed order; a term of weight 0 is left out, so an infinite
+    input it would read stays out of y[o]."""
     x = np.asarray(x, np.float64)
-    taps = all_taps(x.shape, out_shape, scales, a, b, mode, rounding)
     out = np.zeros(out_shape)
-    for o in np.ndindex(*out_shape):
-        for combo in itertools.product(*(taps[d][o[d]] for d in range(x.ndim))):
-            index = tuple(i for i, _ in combo)
-            weight = math.prod(w for _, w in combo)
-            if weight != 0:
-                out[o] += weight * x[index]
+    if out.size:
+        for inputs, weight in tap_combinations(
+            all_taps(x.shape, out_shape, scales, a, b, mode, rounding)
+        ):
+            with np.errstate(invalid="ignore"):  # inf * 0, left out by the where
+                out += np.where(weight != 0, weight * x[inputs], 0.0)
     return out
 
 
 def reference_resample_grad(dy, in_shape, scales, a, b, mode, rounding):
-    """dx[i] = sum over o of w(o, i) * dy[o]: a literal scatter-add loop."""
+    """dx[i] = sum over o of w(o, i) * dy[o]: a literal scatter-add, each output's
+    weighted value added into the inputs its taps read (terms of weight 0 left out)."""
     dy = np.asarray(dy, np.float64)
-    taps = all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)
     dx = np.zeros(in_shape)
-    for o in np.ndindex(*dy.shape):
-        for combo in itertools.product(*(taps[d][o[d]] for d in range(dy.ndim))):
-            weight = math.prod(w for _, w in combo)
-            if weight != 0:
-                dx[tuple(i for i, _ in combo)] += weight * dy[o]
+    if dy.size:
+        for inputs, weight in tap_combinations(
+            all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)
+        ):
+            with np.errstate(invalid="ignore"):
+                np.add.at(dx, inputs, np.where(weight != 0, weight * dy, 0.0))
     return dx
 
 
 def scatter_add_oracle(dy, in_shape, scales, a, b, mode, rounding):
     """The gradient as XLA scatter-adds, one axis at a time (what jaxgrad avoids)."""
-    out = jnp.asarray(dy, jnp.float64)
-    for d, taps in enumerate(all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)):
+    taps = all_taps(in_shape, dy.shape, scales, a, b, mode, rounding)
+    frozen = tuple(tuple(tuple(tap) for tap in axis) for axis in taps)
+    return _scatter_add_axes(jnp.asarray(dy, jnp.float64), tuple(in_shape), frozen)
+
+
+# One program of a config's scatter-adds: eager, each op of the oracle would be a
+# program of its own, and compiling them was most of the oracle's time.
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _scatter_add_axes(dy, in_shape, taps):
+    out = dy
+    for d, axis in enumerate(taps):
         moved = jnp.moveaxis(out, d, 0)
         acc = jnp.zeros((in_shape[d], *moved.shape[1:]), jnp.float64)
-        for k in range(max(len(t) for t in taps)):
-            idx = np.array([t[k][0] for t in taps])
-            w = np.array([t[k][1] for t in taps]).reshape((-1,) + (1,) * (moved.ndim - 1))
+        for k in range(max(len(t) for t in axis)):
+            idx = np.array([t[k][0] for t in axis])
+            w = np.array([t[k][1] for t in axis]).reshape((-1,) + (1,) * (moved.ndim - 1))
             acc = acc.at[idx].add(w * moved)
         out = jnp.moveaxis(acc, 0, d)
     return out
