@@ -132,11 +132,11 @@ def _launch(out: tuple[int, int, int, int], work: _Work, itemsize: int, interpre
     # together as well are faster still where a row alone leaves a thread one
     # element or less (a 3-D volume's 128 columns), or, with two outputs a lane and
     # two row taps, less than one 16-byte vector to store (a bfloat16 2-D 2x
-    # upsampling of 512 columns): the rows together store whole vectors. Elsewhere they take
-    # registers (benchmarks/kernel_report.py counts them), which leave fewer
-    # programs on a multiprocessor, and time: a float32 row of 512 columns stores
-    # whole vectors already, the gradient of a 2x upsampling reads two inputs a
-    # lane, and more row taps hold more rows' columns at once.
+    # upsampling of 512 columns): the rows together store whole vectors.
+    # Elsewhere they take registers (benchmarks/kernel_report.py counts them),
+    # which leave fewer programs on a multiprocessor, and time: a float32 row of
+    # 512 columns stores whole vectors already, the gradient of a 2x upsampling
+    # reads two inputs a lane, and more row taps hold more rows' columns at once.
     pairs = _pairs(work.plans[-1], channels)
     threads = 32 * launch.warps
     short_rows = chans == 1 and cols <= threads
