@@ -218,7 +218,7 @@ class Table:
 def _pack(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int) -> Table:
     """Packs entries sorted by (row, col), rows counted from 0, into padded rows."""
     counts = np.bincount(rows, minlength=n_rows)
-    k = max(1, int(counts.max(initial=0)))
+    k = int(np.max(counts, initial=1))  # one entry wide at least, where no row has any
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     slot = np.arange(len(rows)) - starts[rows]
     index = np.zeros((n_rows, k), np.int32)
