@@ -843,22 +843,48 @@ def test_which_kernels_walk_the_columns():
 
 def test_the_nhwc_filter_gradient_walks_small_filters_by_default():
     # The cuts walk the columns of the NHWC filter gradient of filters of up to 9
-    # taps, on one warp a program. No other kernel walks, nor a larger filter
-    # (whose walk compiles for about a minute), unless a launch sets it.
-    def walks(kernel, f_shape, data_format="NHWC"):
-        cfg = make_cfg((2, 9, 40, 8), f_shape, (1, 1), (1, 1), "SAME")
+    # taps whose walk keeps at most two columns of a filter row, as a 3x3 filter's
+    # does at column strides 1 and 2, on one warp a program. No other kernel walks,
+    # nor a filter whose walk keeps more (a dilated or a wider one, whose walk
+    # compiles for up to minutes), unless a launch sets it.
+    def walks(kernel, f_shape, data_format="NHWC", strides=(1, 1), dilations=(1, 1)):
+        cfg = make_cfg((2, 9, 40, 8), f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)
         launch = _pallas._launch(conv, True, kernel)
         return _pallas._walks_columns(conv, launch, kernel), launch.walk_warps
 
     assert walks("filter", (3, 3, 8, 1)) == (True, 1)
-    assert walks("filter", (1, 9, 8, 1)) == (True, 1)
+    assert walks("filter", (3, 3, 8, 1), strides=(1, 2)) == (True, 1)
+    assert walks("filter", (3, 3, 8, 1), strides=(2, 2)) == (True, 1)
     assert walks("filter", (3, 3, 8, 2)) == (True, 1)
+    assert walks("filter", (3, 3, 8, 1), dilations=(2, 1)) == (True, 1)  # rows: kept 2
+    assert walks("filter", (9, 1, 8, 1)) == (True, 1)  # one column: none kept
+    assert walks("filter", (2, 2, 8, 1)) == (True, 1)
+    for dilation in (2, 3, 4):  # 4, 6 and 8 columns kept
+        assert not walks("filter", (3, 3, 8, 1), dilations=(1, dilation))[0], dilation
+    assert not walks("filter", (1, 9, 8, 1))[0]  # 8 kept
+    assert not walks("filter", (1, 5, 8, 1))[0]  # 4 kept
     assert not walks("filter", (4, 4, 8, 1))[0]
     assert not walks("filter", (5, 5, 8, 1))[0]
     assert not walks("filter", (3, 3, 8, 1), "NCHW")[0]
     for kernel in ("forward", "input"):
         assert not walks(kernel, (3, 3, 8, 1))[0]
+
+
+def test_a_walk_keeps_its_phases_for_each_step_its_last_tap_lags():
+    # A walk keeps, of each filter row, the columns of the steps between an output
+    # column's own and the last its taps read, every phase of a step some tap reads.
+    def kept(f_shape, strides=(1, 1), dilations=(1, 1)):
+        cfg = make_cfg((2, 9, 40, 8), f_shape, strides, dilations, "SAME")
+        return _pallas._walk_kept(configured(cfg, "NHWC"))
+
+    assert kept((3, 3, 8, 1)) == 2  # taps 0, 1, 2 steps on, one phase
+    assert kept((3, 3, 8, 1), strides=(1, 2)) == 2  # 0, 0, 1 steps on, two phases
+    assert kept((3, 3, 8, 1), strides=(1, 3)) == 0  # every tap in its own step
+    assert kept((3, 3, 8, 1), dilations=(1, 2)) == 4
+    assert kept((3, 3, 8, 1), dilations=(1, 4)) == 8
+    assert kept((1, 9, 8, 1)) == 8
+    assert kept((1, 5, 8, 1), strides=(1, 2)) == 4  # 2 steps on, two phases
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,8 @@ class _Cut:
     ``_Launch.wide_strided_writes``), whether it reads unaligned runs of columns
     from aligned vectors (``_Launch.aligned_reads``), whether it reads a row
     ahead (``_Launch.read_ahead``), and the filters whose columns it walks (those
-    of at most ``walk_taps`` taps), on how many warps and channels
+    of at most ``walk_taps`` taps whose walk keeps at most ``walk_kept`` columns
+    of a filter row, ``_walk_kept``), on how many warps and channels
     (``_Launch.walk_columns``, ``_Launch.walk_warps``, ``_Launch.walk_channels``)."""
 
     tile: int
@@ -165,6 +166,12 @@ class _Cut:
     aligned_reads: bool = False
     read_ahead: bool = False
     walk_taps: int = 0
+    # The walks timed keep two columns of a filter row (a 3x3 filter at column
+    # strides 1 and 2). A dilated filter's walk keeps more, and its code grows with
+    # them: compiled for an H100, a [32,28,28,384] bfloat16 filter gradient of a
+    # 3x3 filter dilated by 2 walked in 46 s of Triton at 238 registers, by 4 in
+    # 202 s at 255, spilling 64 bytes, where its tiles compile in 1.1 s at 48.
+    walk_kept: int = 2
     walk_warps: int = 2
     walk_channels: int = 32
 
@@ -178,15 +185,15 @@ class _Cut:
 # walks the columns of filters up to 3x3, on one warp a program: faster than its
 # tiles at stride 1, as fast at stride 2 and with a multiplier; the forward's and
 # the input gradient's walks were slower than their tiles, and a 5x5 walk takes
-# about a minute to compile. The NCHW forward and filter gradient read strided
-# columns in pairs: timed against every other column read alone, the wide loads
-# paid for the registers they take. The NCHW input gradient writes them in pairs,
-# in fewer stores: its stride-2 case ran in a fraction of the time (timed with the
-# aligned reads below, not yet without them). Only with a depth multiplier do
-# the NCHW kernels read unaligned runs of columns from aligned vectors
-# (``_Launch.aligned_reads``; ``_MULTIPLIER_CUTS``): fewer loads and registers,
-# but slower in every NCHW case timed but the multiplier's forward and filter
-# gradient.
+# about a minute to compile, as a dilated 3x3 filter's does (``_Cut.walk_kept``).
+# The NCHW forward and filter gradient read strided columns in pairs: timed
+# against every other column read alone, the wide loads paid for the registers
+# they take. The NCHW input gradient writes them in pairs, in fewer stores: its
+# stride-2 case ran in a fraction of the time (timed with the aligned reads below,
+# not yet without them). Only with a depth multiplier do the NCHW kernels read
+# unaligned runs of columns from aligned vectors (``_Launch.aligned_reads``;
+# ``_MULTIPLIER_CUTS``): fewer loads and registers, but slower in every NCHW case
+# timed but the multiplier's forward and filter gradient.
 _CUTS = {
     ("forward", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
     ("input", "NHWC"): _Cut(tile=512, most_channels=32, warps=4),
@@ -255,7 +262,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         wide_strided_writes=cut.wide_strided_writes,
         aligned_reads=cut.aligned_reads,
         read_ahead=cut.read_ahead,
-        walk_columns=math.prod(conv.kernel) <= cut.walk_taps,
+        walk_columns=math.prod(conv.kernel) <= cut.walk_taps and _walk_kept(conv) <= cut.walk_kept,
         walk_warps=cut.walk_warps,
         walk_channels=cut.walk_channels,
     )
@@ -711,6 +718,12 @@ def _walk_phases(conv: Conv) -> list[int]:
     return sorted({phase for _, phase in _walk_steps(conv)})
 
 
+def _walk_kept(conv: Conv) -> int:
+    """The columns of each filter row a walk keeps in registers from one step to
+    the next: its phases for each of the steps it keeps."""
+    return _walk_lag(conv) * len(_walk_phases(conv))
+
+
 def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
     """Whether ``kernel`` launched with ``launch`` walks the columns
     (``_Launch.walk_columns``): in NHWC, whose channels are the minor axis, with
@@ -726,7 +739,7 @@ def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
         and not conv.nchw
         and _tiled(conv, kernel)[1] >= _walk_elements(conv)
         and fh * fw <= _MOST_WALK_TAPS
-        and _walk_lag(conv) * len(_walk_phases(conv)) <= _MOST_WALK_KEPT
+        and _walk_kept(conv) <= _MOST_WALK_KEPT
         and (kernel != "input" or input_walks)
     )
 
