@@ -445,9 +445,11 @@ def _kernel(
 
     # Built outside the row loop: the column table's taps are loaded once.
     columns = paired if pairs else tabled(cols, cols_inside)
-    # The reads one row's column sum unrolls.
+    # The reads one row's column sum unrolls: in pairs, its edges' too, which every
+    # row reads on their own.
     if pairs:
         column_reads = sum(len(taps) for taps in pairs.taps)
+        column_reads += sum(len(taps) for _, taps in pairs.edges)
     else:
         column_reads = col_taps if cols_unrolled and not exact else 1
 
