@@ -880,7 +880,7 @@ def test_a_walk_keeps_its_phases_for_each_step_its_last_tap_lags():
 
     assert kept((3, 3, 8, 1)) == 2  # taps 0, 1, 2 steps on, one phase
     assert kept((3, 3, 8, 1), strides=(1, 2)) == 2  # 0, 0, 1 steps on, two phases
-    assert kept((3, 3, 8, 1), strides=(1, 3)) == 0  # every tap in its own step
+    assert kept((3, 3, 8, 1), strides=(1, 3)) == 0  # all in the output column's step
     assert kept((3, 3, 8, 1), dilations=(1, 2)) == 4
     assert kept((3, 3, 8, 1), dilations=(1, 4)) == 8
     assert kept((1, 9, 8, 1)) == 8
