@@ -1147,6 +1147,35 @@ def test_kernel_report_finds_the_kernels_of_the_training_step(monkeypatch):
     }
 
 
+@needs_kernels
+def test_kernel_report_compiles_the_ir_xla_compiles(monkeypatch, tmp_path):
+    """A kernel's Triton IR goes through Triton's first stage of passes (inlining,
+    canonicalization, CSE) before the GPU stages, as XLA runs it: ``triton.compile``
+    of an IR file skips the file's own stage, and its GPU stages would then compile
+    the IR as JAX lowered it, several times larger, and for several times as long.
+    Needs the optional ``triton`` package (CI has none); lowering needs no GPU."""
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import kernel_report
+
+    with as_jax_defaults():
+        fn, x = kernel_report.resample_step((1, 1, 8, 8), (1, 1, 2, 2), "linear", "float32")
+        kernels = kernel_report.triton_modules(fn, x, capability=90)
+    assert kernels
+    for kernel in kernels:
+        staged = kernel_report.triton_ir_stage(
+            kernel.ir, kernel.options, GPUTarget("cuda", 90, 32), tmp_path
+        )
+
+        def operations(ir):
+            return len(re.findall(r"= [a-z_]+\.[a-z_]+", ir))
+
+        assert f"tt.func public @{kernel.name}" in staged
+        assert operations(staged) < operations(kernel.ir) / 2, kernel.name
+
+
 # --------------------------------------------------------------------------------------
 # benchmarks/lease.py
 # --------------------------------------------------------------------------------------
