@@ -143,7 +143,7 @@ OPS = "--ops forward backprop_input backprop_filter"
 
 # Most urgent first: what the defaults changed since they were last timed, then
 # the designs meant to reach the targets, then launch options and searches, then
-# what compiles for minutes.
+# what compiles for longest.
 STEPS = (
     Step(
         "unet-tiled",
@@ -255,7 +255,7 @@ STEPS = (
     ),
     Step(
         "walks-5x5",
-        "the 5x5 NHWC kernels walking their columns (each walk compiles for about a minute)",
+        "the 5x5 NHWC kernels walking their columns (each walk holds about 250 registers)",
         "tune.py",
         f'--family depthwise --groups "walk columns" --cases "192] 5x5 s1 NHWC bfloat16" {OPS}',
         limit=300,
@@ -263,7 +263,7 @@ STEPS = (
     Step(
         "unrolled-8x",
         "the 8x linear resample gradient with its row taps unrolled, as before they were "
-        "looped to compile in a second (the unrolled kernel compiles for minutes)",
+        "looped to compile in a second (the unrolled kernel compiles for about a minute)",
         "compare.py",
         "--family resample --cases 8.0x --ops backward",
         limit=300,

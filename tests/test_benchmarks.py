@@ -1214,7 +1214,7 @@ def test_lease_steps_ask_their_scripts_for_cases_and_ops_they_have(monkeypatch):
     its ``--cases`` names a case of its family and each of its ``--ops`` an op
     (a script would otherwise run no row, and a lease's minutes would pass). A
     ``--cases`` names either cases of gpu.py's tables or cases outside them
-    (which ``--cases`` alone builds, and some compile for minutes), never
+    (which ``--cases`` alone builds, and some compile for up to a minute), never
     both."""
     lease = lease_module(monkeypatch)
     import compare

@@ -846,7 +846,7 @@ def test_the_nhwc_filter_gradient_walks_small_filters_by_default():
     # taps whose walk keeps at most two columns of a filter row, as a 3x3 filter's
     # does at column strides 1 and 2, on one warp a program. No other kernel walks,
     # nor a filter whose walk keeps more (a dilated or a wider one, whose walk
-    # compiles for up to minutes), unless a launch sets it.
+    # takes most of a thread's registers), unless a launch sets it.
     def walks(kernel, f_shape, data_format="NHWC", strides=(1, 1), dilations=(1, 1)):
         cfg = make_cfg((2, 9, 40, 8), f_shape, strides, dilations, "SAME")
         conv = configured(cfg, data_format)

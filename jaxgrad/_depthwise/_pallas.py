@@ -167,10 +167,10 @@ class _Cut:
     read_ahead: bool = False
     walk_taps: int = 0
     # The walks timed keep two columns of a filter row (a 3x3 filter at column
-    # strides 1 and 2). A dilated filter's walk keeps more, and its code grows with
-    # them: compiled for an H100, a [32,28,28,384] bfloat16 filter gradient of a
-    # 3x3 filter dilated by 2 walked in 46 s of Triton at 238 registers, by 4 in
-    # 202 s at 255, spilling 64 bytes, where its tiles compile in 1.1 s at 48.
+    # strides 1 and 2). A dilated filter's walk keeps more, a tile of registers
+    # each: compiled for an H100, a [32,28,28,384] bfloat16 filter gradient of a
+    # 3x3 filter dilated by 2 walks at 238 registers, by 4 at 255, spilling 64
+    # bytes, where its tiles take 104-106.
     walk_kept: int = 2
     walk_warps: int = 2
     walk_channels: int = 32
@@ -185,7 +185,8 @@ class _Cut:
 # walks the columns of filters up to 3x3, on one warp a program: faster than its
 # tiles at stride 1, as fast at stride 2 and with a multiplier; the forward's and
 # the input gradient's walks were slower than their tiles, and a 5x5 walk takes
-# about a minute to compile, as a dilated 3x3 filter's does (``_Cut.walk_kept``).
+# 254 registers, nearly all a thread has, as a 3x3 filter's dilated along the
+# columns does (``_Cut.walk_kept``).
 # The NCHW forward and filter gradient read strided columns in pairs: timed
 # against every other column read alone, the wide loads paid for the registers
 # they take. The NCHW input gradient writes them in pairs, in fewer stores: its
@@ -1397,7 +1398,7 @@ def _partials_kernel(
     # Every group of ``full_rows`` filter rows runs one body of code, which takes
     # the group's first filter row as a value: Triton's compile time grows faster
     # than the code it compiles, and a body per group made a 7x7 filter's gradient
-    # the slowest kernel to compile by far. A last, shorter group has a body of
+    # 4-12x slower to compile. A last, shorter group has a body of
     # its own. Where one group is full, its rows stay constants, so the compiler
     # can drop the bounds checks a constant row rules out.
     fh = conv.kernel[0]
