@@ -17,10 +17,12 @@ nine loads of 16 bytes a thread; wider accesses move a tile in fewer
 instructions); then its
 programs (the grid), how many of them one multiprocessor holds at once (by CUDA's
 occupancy rules for an H100, from the registers, warps and shared memory), and
-the waves they take on ``--sms`` multiprocessors. It checks what a GPU run would
-otherwise find out late: that every kernel compiles, spills nothing, reads memory
-in wide, coalesced loads, and has programs enough to keep the GPU busy (a last
-wave far from full leaves multiprocessors idle). Times still need a GPU
+the waves they take on ``--sms`` multiprocessors; and the seconds Triton took
+to compile it on this machine's CPU (a GPU compiles each kernel when a program
+holding it first runs). It checks what a GPU run would otherwise find out
+late: that every kernel compiles, spills nothing, reads memory in wide,
+coalesced loads, compiles quickly, and has programs enough to keep the GPU busy
+(a last wave far from full leaves multiprocessors idle). Times still need a GPU
 (benchmarks/gpu.py).
 
 The loads are counted in the program's text: a load in a loop counts once,
@@ -478,9 +480,9 @@ def main() -> None:
     loops_column = " loop instructions / multiply-adds |" if args.loops else ""
     print(
         "| case | kernel | registers | spilled bytes | shared bytes | global loads "
-        f"| global stores | programs | per SM | waves |{loops_column}"
+        f"| global stores | programs | per SM | waves | Triton s |{loops_column}"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.loops else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.loops else ""))
     if args.train_step:
         steps = [("U-Net step, batch 64 of 128x128", train_step())]
     else:
@@ -527,7 +529,7 @@ def main() -> None:
                 print(
                     f"| {case} | {kernel.name} | {r['registers']} | {r['spilled']} "
                     f"| {r['shared']} | {r['loads']} | {r['stores']} "
-                    f"| {kernel.programs} | {per_sm} | {waves:.2f} |{loops}",
+                    f"| {kernel.programs} | {per_sm} | {waves:.2f} | {r['seconds']:.1f} |{loops}",
                     flush=True,
                 )
     print(
