@@ -2,19 +2,23 @@
 checks, no silent rank or dtype promotion, warnings are errors (pyproject.toml). And
 one compilation of each program per run."""
 
+import gc
 import os
 import shutil
 import tempfile
 
 import jax
 import pytest
-from helpers import SUITE_XLA_FLAGS, TRANSFORMS
+from helpers import SUITE_GC_THRESHOLDS, SUITE_XLA_FLAGS, TRANSFORMS
 from hypothesis import HealthCheck, settings
 
 # The suite's XLA flags (helpers.py says which and why), read by XLA when it first
 # compiles; pytest-xdist's workers inherit them with the environment.
 if SUITE_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SUITE_XLA_FLAGS}".strip()
+
+# Python's cycle collector runs less often in the suite (helpers.py says why).
+gc.set_threshold(*SUITE_GC_THRESHOLDS)
 
 # Compiling is most of the suite's time, and many tests compile the same programs
 # (a reference, an op met in several tests' grids, a program compiled again after

@@ -238,6 +238,17 @@ def as_jax_defaults():
 # cross-process determinism check runs under XLA's defaults, as a user's job does.
 SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
+# How often the suite's processes run Python's cycle collector (``gc.set_threshold``):
+# young objects are collected every 50,000 allocations instead of 700, and the
+# whole heap once in 2,000 of those collections (the default: once in 100).
+# Tracing and lowering the interpreted kernels allocates millions of short-lived
+# objects while JAX's caches hold a large heap of long-lived ones, which every
+# full collection walks: under the default thresholds the collector took about a
+# tenth of the kernels' tests' time. Nothing a test checks depends on when cycles
+# are freed; the cross-process determinism check runs with the defaults, as a
+# user's job does.
+SUITE_GC_THRESHOLDS = (50_000, 20, 100)
+
 
 def run_script(*args, timeout=600, env=None):
     """``python *args`` from the repository's root in a fresh process, under the

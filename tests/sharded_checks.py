@@ -20,7 +20,12 @@ COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "
 
 
 def main(checks: list[str], implementation: str | None) -> None:
+    import gc
+
     import jax
+    from helpers import SUITE_GC_THRESHOLDS
+
+    gc.set_threshold(*SUITE_GC_THRESHOLDS)  # as in the suite's own processes
 
     jax.config.update("jax_num_cpu_devices", 8)
     jax.config.update("jax_enable_x64", False)
