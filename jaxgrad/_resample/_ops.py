@@ -90,11 +90,13 @@ def resample(
         where it is empty). Defaults to ``floor(n_in * s)`` per axis, which must not
         be 0. The coordinates use ``scales`` either way.
       implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend, a Pallas
-        kernel on CUDA GPUs of compute capability 8.0 and newer for linear interpolation
-        where XLA's own program would take a pass per axis (2x upsampling, say) and for
-        half-precision linear gradients, and the jnp/lax composition everywhere else;
-        ``"xla"`` is the jnp/lax composition on every backend; ``"pallas"`` is the
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend. On CUDA
+        GPUs of compute capability 8.0 and newer it takes a Pallas kernel for linear
+        maps that XLA's own program would run as a pass per axis (2x upsampling, say),
+        for half-precision linear gradients, and for half-precision nearest neighbour
+        but forwards that shrink every axis, none of them a gradient along the array's
+        last axis; the jnp/lax composition everywhere else (the resample page has the
+        table). ``"xla"`` is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for tests). All
         give the same results up to float rounding (nearest neighbour's are exact), each
         bitwise reproducible.
@@ -196,11 +198,13 @@ def resample_grad(
       input_pixel_offsets: as given to ``resample``.
       output_pixel_offsets: as given to ``resample``.
       implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend, a Pallas
-        kernel on CUDA GPUs of compute capability 8.0 and newer for linear interpolation
-        where XLA's own program would take a pass per axis (2x upsampling, say) and for
-        half-precision linear gradients, and the jnp/lax composition everywhere else;
-        ``"xla"`` is the jnp/lax composition on every backend; ``"pallas"`` is the
+        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend. On CUDA
+        GPUs of compute capability 8.0 and newer it takes a Pallas kernel for linear
+        maps that XLA's own program would run as a pass per axis (2x upsampling, say),
+        for half-precision linear gradients, and for half-precision nearest neighbour
+        but forwards that shrink every axis, none of them a gradient along the array's
+        last axis; the jnp/lax composition everywhere else (the resample page has the
+        table). ``"xla"`` is the jnp/lax composition on every backend; ``"pallas"`` is the
         kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for tests). All
         give the same results up to float rounding (nearest neighbour's are exact), each
         bitwise reproducible.
