@@ -74,17 +74,8 @@ def resize(
       coordinate_transformation_mode: one of the six above.
       nearest_mode: ``"round_prefer_floor"`` (ONNX's default),
         ``"round_prefer_ceil"``, ``"floor"`` or ``"ceil"``.
-      implementation: which arithmetic computes the op, as in
-        ``jax.nn.dot_product_attention``: ``None`` (default) picks per backend. On CUDA
-        GPUs of compute capability 8.0 and newer it takes a Pallas kernel for linear
-        maps that XLA's own program would run as a pass per axis (2x upsampling, say),
-        for half-precision linear gradients, and for half-precision nearest neighbour
-        but forwards that shrink every axis, none of them a gradient along the array's
-        last axis; the jnp/lax composition everywhere else (the resample page has the
-        table). ``"xla"`` is the jnp/lax composition on every backend; ``"pallas"`` is the
-        kernel, compiled on a CUDA GPU and interpreted on the CPU (slow: for tests). All
-        give the same results up to float rounding (nearest neighbour's are exact), each
-        bitwise reproducible.
+      implementation: ``None`` (default), ``"xla"`` or ``"pallas"``: which arithmetic
+        computes the op, as for ``resample``, which computes it.
 
     Returns:
       The resized array, with the dtype of ``x``.
