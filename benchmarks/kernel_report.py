@@ -3,7 +3,8 @@
     pip install triton          # optional, as PyTorch is: never a dependency
     python benchmarks/kernel_report.py [--arch sm_90a] [--sms 132] [--train-step]
                                        [--reuse-rows] [--taps N] [--read-ahead]
-                                       [--walk-columns] [--aligned-reads]
+                                       [--walk-columns] [--walk-grid-warps N]
+                                       [--aligned-reads]
                                        [--tables] [--rows-together] [--row-pattern]
                                        [--dump DIR]
                                        [--loops]
@@ -39,9 +40,12 @@ the current one (``_Launch.read_ahead``): what holding a row's tiles a step long
 costs in registers. ``--walk-columns`` makes the NHWC kernels walk their rows'
 columns in order (``_Launch.walk_columns``; the input gradient at strides of 1
 without a multiplier): a tile of rows by channels a step, each column read once
-per filter row. ``--aligned-reads`` makes every NCHW depthwise kernel read a run
-of columns that starts off a vector's alignment from the aligned vectors under
-it (``_Launch.aligned_reads``), as the kernels did before a GPU timed it slower.
+per filter row. ``--walk-grid-warps N`` gives a walk's grid ``N`` warps at least
+(``_Launch.walk_grid_warps``): its rows cut into more, shorter segments, which
+the programs and waves columns show. ``--aligned-reads`` makes every NCHW
+depthwise kernel read a run of columns that starts off a vector's alignment
+from the aligned vectors under it (``_Launch.aligned_reads``), as the kernels
+did before a GPU timed it slower.
 ``--tables`` makes the resample kernel gather every output's column taps
 through the column table, where its launch reads a last axis that repeats every
 two output columns, or every output two input columns, in pairs
@@ -442,6 +446,12 @@ def main() -> None:
         help="the NHWC kernels walk their rows' columns in order",
     )
     parser.add_argument(
+        "--walk-grid-warps",
+        type=int,
+        metavar="N",
+        help="a walk's grid makes N warps at least (its rows cut into segments)",
+    )
+    parser.add_argument(
         "--aligned-reads",
         action="store_true",
         help="the NCHW depthwise kernels read unaligned runs of columns from aligned vectors",
@@ -498,6 +508,8 @@ def main() -> None:
             imposed["read_ahead"] = True
         if args.walk_columns:
             imposed["walk_columns"] = True
+        if args.walk_grid_warps is not None:
+            imposed["walk_grid_warps"] = args.walk_grid_warps
         if args.aligned_reads:
             imposed["aligned_reads"] = True
         resample_options = {"paired": False, "rows_together": False} if args.tables else {}

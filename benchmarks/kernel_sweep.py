@@ -69,6 +69,7 @@ DEPTHWISE_LAUNCHES = (
     {"taps": 32, "reuse_rows": True},
     {"walk_columns": True},
     {"walk_columns": True, "walk_warps": 1},
+    {"walk_columns": True, "walk_warps": 1, "walk_grid_warps": 8192},
     {"aligned_reads": True},
     {
         "reuse_rows": False,

@@ -154,6 +154,15 @@ STEPS = (
         limit=180,
     ),
     Step(
+        "walk-grid",
+        "the walking NHWC filter gradient's grid cut into more, shorter programs (its rows "
+        "in segments), where whole rows make just over one wave of programs",
+        "tune.py",
+        '--family depthwise --groups "walk grid" --cases "3x3 s1 NHWC" "3x3 s2 NHWC" '
+        '"M2 NHWC" --ops backprop_filter',
+        limit=150,
+    ),
+    Step(
         "depthwise-before",
         "the depthwise kernels as they are (the NHWC filter gradient walking a 3x3 "
         "filter's columns, no NCHW kernel but the multiplier's forward and filter gradient "

@@ -26,7 +26,9 @@ flight during the arithmetic, more registers), then whether an NHWC kernel
 walks its rows' columns in order (``walk_columns``: a tile of rows by channels
 a step, on one or two warps a program, which takes its own shape, so the tile
 and warps of the search then apply to the other kernels only), and, where it
-does, the channels of that tile (``walk_channels``: 16, 32 or 64); for the
+does, the channels of that tile (``walk_channels``: 16, 32 or 64) and the
+warps its grid makes at least (``walk_grid_warps``: 1024 to 8192, rows cut into
+more, shorter segments as it grows); for the
 resample kernel, whether it reads a last axis that repeats every two output
 columns or every output two input columns (NCHW's 2x and 0.5x and their
 gradients) as contiguous runs instead of a gather per tap (``paired``;
@@ -37,8 +39,8 @@ input row its rows share once (``row_pattern``; the rows then round up to whole
 periods); the tile (each side halved, kept or doubled) together with the warps
 (1, 2, 4, 8), since their ratio sets each thread's share of the tile and so its
 registers; then the rows (a quarter to four times). A coordinate search: about
-51 compiles per depthwise op (a walk's tile included) instead of every
-combination's 155520. Every case of both families is well over two thousand
+54 compiles per depthwise op (a walk's tile and grid included) instead of every
+combination's 622080. Every case of both families is well over two thousand
 compiles, so pick cases with ``--cases`` and ``--ops``
 (``--cases "3x3 s1 NHWC bfloat16" --ops backprop_filter``; ``--cases`` also
 reaches a few cases outside gpu.py's tables, ``NAMED_DEPTHWISE_CASES`` and
@@ -101,8 +103,9 @@ FAMILIES = {"depthwise": depthwise_kernels, "resample": resample_kernels}
 # (wider stores, both phases' sums at once); whether they read unaligned runs of NCHW
 # columns from aligned vectors (fewer loads); whether they read a row ahead (loads in
 # flight during the arithmetic, more registers); whether the NHWC kernels walk their
-# rows' columns (a long loop, few loads a multiply-add), and the channels of a walk's
-# tile (more make fewer rows a program); whether the resample kernel
+# rows' columns (a long loop, few loads a multiply-add), the channels of a walk's
+# tile (more make fewer rows a program) and the warps of its grid (more cut its rows
+# into shorter segments); whether the resample kernel
 # reads a last axis that repeats every two columns in pairs (contiguous runs in place
 # of gathers), whether its programs hold their rows as one tile (loads of all rows
 # in flight at once), and whether they read the input rows a repeating row axis's
@@ -117,6 +120,7 @@ GROUPS = (
     "read ahead",
     "walk columns",
     "walk tile",
+    "walk grid",
     "column pairs",
     "rows together",
     "row pattern",
@@ -126,6 +130,9 @@ GROUPS = (
 # One warp: a resample tile of 128 columns (the 3-D volume's rows) holds one
 # element a thread on four.
 WARPS = (1, 2, 4, 8)
+# The warps a walk's grid makes at least ("walk grid"): from about one wave of
+# programs on an H100 (1024, the default) to several.
+WALK_GRID_WARPS = (1024, 2048, 4096, 8192)
 
 
 # --------------------------------------------------------------------------------------
@@ -163,6 +170,7 @@ def fields_of(launch: Any) -> dict[str, int]:
         "walk_columns",
         "walk_warps",
         "walk_channels",
+        "walk_grid_warps",
         "paired",
         "rows_together",
         "row_pattern",
@@ -197,6 +205,11 @@ def neighbours(best: dict[str, int], group: str) -> list[dict[str, int]]:
         # A walk's channels, where the best launch so far walks.
         walks = best.get("walk_columns")
         options = [{"walk_channels": c} for c in (16, 32, 64)] if walks else [{}]
+    elif group == "walk grid":
+        # The warps a walk's grid makes at least, where the best launch so far
+        # walks: the rows cut into more, shorter segments as they grow.
+        walks = best.get("walk_columns")
+        options = [{"walk_grid_warps": w} for w in WALK_GRID_WARPS] if walks else [{}]
     elif group == "column pairs":
         options = [{"paired": p} for p in (False, True)] if "paired" in best else [{}]
     elif group == "rows together":
@@ -231,6 +244,7 @@ def label(fields: dict[str, int]) -> str:
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     walk = f", columns walked on {fields.get('walk_warps')} warps"
     walk += f" by {fields.get('walk_channels')} channels"
+    walk += f" in {fields.get('walk_grid_warps')} warps or more"
     kept += walk if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""

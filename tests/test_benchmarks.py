@@ -76,6 +76,10 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert "Where speed's seconds went: " in result.stdout
 
 
+# The launch fields of a walk's shape, and the group of tune.py's search that tries them.
+WALK_SHAPE = {"walk_channels": "walk tile", "walk_grid_warps": "walk grid"}
+
+
 @needs_kernels
 def test_tune_smoke(tmp_path, monkeypatch):
     """``benchmarks/tune.py --smoke`` searches launches of both kernel families on a
@@ -100,15 +104,16 @@ def test_tune_smoke(tmp_path, monkeypatch):
         launches = [c["launch"] for c in row["candidates"]]
         assert launches[0] == row["current"] and row["best"] in launches
         # One other launch per group of parameters the family's kernels have, each
-        # different: the patch took effect. A walk's tile is searched where the
-        # launch walks, or where walking was the faster in the group before it.
+        # different: the patch took effect. A walk's tile and grid are searched where
+        # the launch walks, or where walking was the faster in the group before them.
         groups = [g for g in tune.GROUPS if len(tune.neighbours(row["current"], g)) > 1]
-        walking = bool(row["current"].get("walk_columns"))  # then its tile is a group above
-        assert len(groups) == {"depthwise": 9 + walking, "resample": 5}[row["family"]]
-        walks = {launch["walk_channels"] for launch in launches if launch.get("walk_columns")}
-        tile_searched = len(walks) > 1  # whether the best launch walked when its turn came
+        walking = bool(row["current"].get("walk_columns"))  # then two groups more
+        assert len(groups) == {"depthwise": 9 + 2 * walking, "resample": 5}[row["family"]]
+        walked = [launch for launch in launches if launch.get("walk_columns")]
+        # Whether the best launch walked when each group's turn came.
+        searched = sum(len({w[name] for w in walked}) > 1 for name in WALK_SHAPE)
         distinct = {tuple(sorted(launch.items())) for launch in launches}
-        assert len(distinct) == 1 + len(set(groups) - {"walk tile"}) + tile_searched
+        assert len(distinct) == 1 + len(set(groups) - set(WALK_SHAPE.values())) + searched
         # The kernels give the same results under every launch, to rounding.
         assert all(c["agrees"] and c["ms"] > 0 for c in row["candidates"])
         # The peers were timed beside the launches; PyTorch only where it is installed.
@@ -172,6 +177,21 @@ def test_tune_searches_a_walks_tile_where_the_kernels_walk(monkeypatch):
     walked = {**tiled, "walk_columns": True}
     assert [n["walk_channels"] for n in tune.neighbours(walked, "walk tile")] == [16, 32, 64]
     assert "walked on 2 warps by 64 channels" in tune.label({**walked, "walk_channels": 64})
+
+
+def test_tune_searches_a_walks_grid_where_the_kernels_walk(monkeypatch):
+    """The "walk grid" group tries the warps a walk's grid makes at least only
+    where the best launch so far walks, from the default up."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import tune
+
+    tiled = dict(cols=16, channels=32, rows=8, warps=4, walk_columns=False, walk_warps=1)
+    tiled["walk_grid_warps"] = 1024
+    assert tune.neighbours(tiled, "walk grid") == [tiled]
+    walked = {**tiled, "walk_columns": True, "walk_channels": 32}
+    grids = [n["walk_grid_warps"] for n in tune.neighbours(walked, "walk grid")]
+    assert grids == [1024, 2048, 4096, 8192]
+    assert "in 4096 warps or more" in tune.label({**walked, "walk_grid_warps": 4096})
 
 
 @needs_kernels
@@ -1349,13 +1369,19 @@ def test_lease_lists_its_steps_and_their_commands():
     assert lines[1] == (
         "    python benchmarks/gpu.py --sections train --json build/lease/unet-tiled.json"
     )
-    assert lines[2].startswith("depthwise-before (at most 200 s): the depthwise kernels")
+    assert lines[2].startswith("walk-grid (at most 150 s): the walking NHWC filter gradient")
     assert lines[3] == (
+        "    python benchmarks/tune.py --family depthwise --groups 'walk grid' --cases "
+        "'3x3 s1 NHWC' '3x3 s2 NHWC' 'M2 NHWC' --ops backprop_filter "
+        "--json build/lease/walk-grid.json"
+    )
+    assert lines[4].startswith("depthwise-before (at most 200 s): the depthwise kernels")
+    assert lines[5] == (
         "    python benchmarks/compare.py build/lease/depthwise-before.py --cases '96] 3x3 s1' "
         "'96] 3x3 s2' '192] 5x5 s1 NCHW' M2 --ops forward backprop_input backprop_filter "
         "--json build/lease/depthwise-before.json"
     )
-    assert lines[4] == (
+    assert lines[6] == (
         "    depthwise's kernels with 'reuse_rows=True, walk_taps=9, walk_warps=1' -> "
         "'reuse_rows=True'"
     )

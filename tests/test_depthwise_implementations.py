@@ -754,8 +754,6 @@ def test_kernels_walking_the_columns(
     # gives a program fewer rows, or, with no warps asked for, walks whole rows.
     if segments:
         monkeypatch.setattr(_pallas, "_MIN_WALK_COLUMNS", 3)
-    else:
-        monkeypatch.setattr(_pallas, "_MIN_WALK_WARPS", 0)
     explicit = ((1, 2), (2, 1)) if padding == "EXPLICIT" else ((0, 0), (0, 0))
     cfg = make_cfg(x_shape, (*kernel, x_shape[3], m), strides, dilations, padding, explicit)
     (x, f, dy), (x64, f64, dy64) = operands(cfg, "NHWC", dtype, seed=sum(kernel))
@@ -779,8 +777,9 @@ def test_kernels_walking_the_columns(
 
     def launch(*args):
         # Tiles of 8 channels: the 9 output channels of a multiplier of 3 take two
-        # channel blocks, the second one lane.
+        # channel blocks, the second one lane. Whole rows where no warps are asked for.
         walk = dict(walk_columns=True, walk_warps=1 if segments else 2, walk_channels=8)
+        walk |= {} if segments else {"walk_grid_warps": 0}
         given.append(dataclasses.replace(chosen(*args), **walk))
         return given[-1]
 
@@ -922,7 +921,29 @@ def test_walks_cut_rows_into_segments_to_fill_the_gpu(x_shape, side, warps, chan
         assert (walk.channels, walk.cols, walk.rows, walk.warps) == (channels, cols, rows, warps)
         grid = _pallas._walk_grid(conv, walk, kernel)
         assert grid[2] * walk.cols == x_shape[2], kernel
-        assert math.prod(grid) * warps >= _pallas._MIN_WALK_WARPS, kernel
+        assert math.prod(grid) * warps >= walk.walk_grid_warps, kernel
+
+
+@pytest.mark.parametrize(
+    ("grid_warps", "cols", "programs"),
+    [(1024, 112, 1344), (2048, 56, 2688), (4096, 28, 5376), (8192, 16, 9408)],
+)
+def test_a_walks_grid_of_more_warps_cuts_its_rows_into_shorter_segments(grid_warps, cols, programs):
+    # The grid a walk makes at least (``_Launch.walk_grid_warps``) sets how many
+    # segments its rows are cut into: the NHWC filter gradient of the [32,112,
+    # 112,96] 3x3 case, on one warp a program, walks whole rows at the default,
+    # 1344 programs, which a GPU of 132 multiprocessors holding 10 of them runs
+    # in two waves, the second of 24; more warps cut the rows into halves,
+    # quarters and sevenths, the shortest of 16 columns.
+    cfg = make_cfg((32, 112, 112, 96), (3, 3, 96, 1), (1, 1), (1, 1), "SAME")
+    conv = configured(cfg, "NHWC")
+    launch = _pallas._launch(conv, False, "filter")
+    assert launch.walk_columns and launch.walk_grid_warps == 1024
+    launch = dataclasses.replace(launch, walk_grid_warps=grid_warps)
+    walk = _pallas._walk_launch(conv, launch, "filter")
+    grid = _pallas._walk_grid(conv, walk, "filter")
+    assert (walk.cols, walk.rows, walk.warps, math.prod(grid)) == (cols, 8, 1, programs)
+    assert grid[2] * walk.cols == 112 and math.prod(grid) * walk.warps >= grid_warps
 
 
 @needs_kernels
@@ -1392,6 +1413,7 @@ LOWERED_LAUNCHES = [
     {"taps": 32, "reuse_rows": True},
     {"walk_columns": True},
     {"walk_columns": True, "walk_warps": 1},
+    {"walk_columns": True, "walk_warps": 1, "walk_grid_warps": 8192},
     {"aligned_reads": True},
     {
         "reuse_rows": False,

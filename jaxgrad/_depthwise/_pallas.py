@@ -118,6 +118,13 @@ class _Launch:
     # the input rows it reads are also read by the programs above and below it
     # for their first and last rows; fewer leave more channel blocks.
     walk_channels: int = 32
+    # The warps a walk's grid makes at least, where shorter walks can make them
+    # (``_walk_launch``): each row cut into equal segments, a program each, or
+    # failing that fewer rows a program. A walk's program is long, one step a
+    # column, so its grid needs fewer warps than ``_MIN_WARPS`` to keep the GPU
+    # busy; but a grid just past what a GPU holds at once runs its last programs
+    # alone, as long as the rest took, and more, shorter programs shrink that tail.
+    walk_grid_warps: int = 1024
 
     def call(
         self,
@@ -154,7 +161,8 @@ class _Cut:
     ahead (``_Launch.read_ahead``), and the filters whose columns it walks (those
     of at most ``walk_taps`` taps whose walk keeps at most ``walk_kept`` columns
     of a filter row, ``_walk_kept``), on how many warps and channels
-    (``_Launch.walk_columns``, ``_Launch.walk_warps``, ``_Launch.walk_channels``)."""
+    (``_Launch.walk_columns``, ``_Launch.walk_warps``, ``_Launch.walk_channels``),
+    in a grid of how many warps at least (``_Launch.walk_grid_warps``)."""
 
     tile: int
     most_channels: int
@@ -174,6 +182,7 @@ class _Cut:
     walk_kept: int = 2
     walk_warps: int = 2
     walk_channels: int = 32
+    walk_grid_warps: int = 1024
 
 
 # Each kernel's cut by layout, chosen from benchmarks/tune.py's searches and
@@ -266,6 +275,7 @@ def _launch(conv: Conv, interpret: bool, kernel: str) -> _Launch:
         walk_columns=math.prod(conv.kernel) <= cut.walk_taps and _walk_kept(conv) <= cut.walk_kept,
         walk_warps=cut.walk_warps,
         walk_channels=cut.walk_channels,
+        walk_grid_warps=cut.walk_grid_warps,
     )
     if kernel == "filter":
         launch = _holding_its_sums(conv, launch)
@@ -677,11 +687,6 @@ _WALK_ELEMENTS = 8
 # of the tile for each tap (the forward's and the input gradient's taps, the
 # filter gradient's sums), besides the columns the walk keeps.
 _MOST_WIDE_WALK_TAPS = 16
-# Warps a walk's grid should have at least, where more, shorter walks can make
-# them: about eight a multiprocessor of an H100. A walk's program is long, one
-# step per column, so it needs fewer warps than ``_MIN_WARPS`` to keep the GPU
-# busy.
-_MIN_WALK_WARPS = 1024
 # The fewest output columns a program walks where the row's columns are cut into
 # segments, a program each: a segment first reads the columns before its own
 # that its taps reach, which its neighbour reads too.
@@ -748,7 +753,7 @@ def _walks_columns(conv: Conv, launch: _Launch, kernel: str) -> bool:
 def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     """``launch`` with a column walk's tile, ``rows`` output rows by ``channels``,
     and the ``cols`` output columns one program walks: the whole row where that
-    makes warps enough (``_MIN_WALK_WARPS``), else equal segments of it, the
+    makes warps enough (``_Launch.walk_grid_warps``), else equal segments of it, the
     longest that do, of ``_MIN_WALK_COLUMNS`` at least; then, if the warps are
     still too few, fewer rows, though some threads then hold no channels of
     their own."""
@@ -765,9 +770,9 @@ def _walk_launch(conv: Conv, launch: _Launch, kernel: str) -> _Launch:
     segments = [c for c in range(width, shortest - 1, -1) if width % c == 0]
     for cols in segments:
         walk = dataclasses.replace(walk, cols=cols)
-        if grid_warps(walk) >= _MIN_WALK_WARPS:
+        if grid_warps(walk) >= launch.walk_grid_warps:
             break
-    while walk.rows > 1 and grid_warps(walk) < _MIN_WALK_WARPS:
+    while walk.rows > 1 and grid_warps(walk) < launch.walk_grid_warps:
         walk = dataclasses.replace(walk, rows=walk.rows // 2)
     return walk
 
