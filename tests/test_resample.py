@@ -2,6 +2,7 @@
 the seeds' examples, adjoint identity, gradients, determinism and errors."""
 
 import collections
+import fractions
 import functools
 import itertools
 import math
@@ -11,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, TOLERANCE, compiled_entry, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, compiled_entry, needs_kernels, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
@@ -24,17 +25,33 @@ import jaxgrad
 # ----------------------------------------------------------------------------------
 
 
+def period(s, longest=4096):
+    """``(P, Q)`` with ``s == P / Q`` in float64 and both at most ``longest``, or None:
+    the scales whose samples the docs define to repeat exactly (docs/resample.md)."""
+    ratio = fractions.Fraction(s).limit_denominator(longest)
+    p, q = ratio.numerator, ratio.denominator
+    return (p, q) if p <= longest and p / q == s else None
+
+
 def axis_taps(n_in, n_out, s, a, b, mode, rounding):
-    """For each output index o, the list of (input index, weight) pairs (SPEC §2.1-2.3)."""
+    """For each output index o, the list of (input index, weight) pairs (SPEC §2.1-2.3),
+    with the coordinates repeating exactly at a scale P / Q, as the docs define them:
+    u(kP + j) = u(j) + kQ, whose taps are u(j)'s moved kQ inputs on. (Evaluated
+    directly in float64, u(o) would round: (1 - 0) / 0.5 - 1e-236 is 2.0, where
+    u(0) + 2 = 2 - 1e-236 lies below input 2, and rounds down to input 1.)"""
+    ratio = period(s)
     taps = []
     for o in range(n_out):
-        u = (o - b) / s - a
+        k, j = divmod(o, ratio[0]) if ratio else (0, o)
+        shift = k * ratio[1] if ratio else 0
+        u = (j - b) / s - a
         if mode == "nearest":
             r = {"half_up": math.floor(u + 0.5), "down": math.floor(u), "up": math.ceil(u)}
-            taps.append([(min(max(r[rounding], 0), n_in - 1), 1.0)])
+            taps.append([(min(max(r[rounding] + shift, 0), n_in - 1), 1.0)])
         else:
             i0 = math.floor(u)
             t = u - i0
+            i0 += shift
             taps.append([(min(max(i0, 0), n_in - 1), 1.0 - t), (min(max(i0 + 1, 0), n_in - 1), t)])
     return taps
 
@@ -518,6 +535,27 @@ def test_strided_blocks_match_the_reference(mode, scale):
     ]
     plans = [_plan.plan(axis, transpose) for axis in axes for transpose in (False, True)]
     assert any(plan.strided is not None for plan in plans)
+
+
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
+def test_coordinates_repeat_where_a_float64_sum_would_round(implementation):
+    # At a scale P / Q the coordinates repeat exactly, u(kP + j) = u(j) + kQ: at 0.5
+    # with an input offset of 1e-236, output 1 sits at 2 - 1e-236, below input 2,
+    # where (1 - 0) / 0.5 - 1e-236 evaluated in float64 is 2.0. Rounded down, it
+    # reads input 1; so does every output of the axis from its period's first.
+    # (A random search of the reference properties found the case, in which the
+    # reference had computed u(o) directly.)
+    x = jnp.arange(10.0)
+    kw = dict(mode="nearest", rounding="down", input_pixel_offsets=1e-236, output_pixel_offsets=0)
+    y = jaxgrad.resample(x, (0.5,), implementation=implementation, **kw)
+    np.testing.assert_array_equal(y, [0, 1, 3, 5, 7])
+    assert [taps[0][0] for taps in axis_taps(10, 5, 0.5, 1e-236, 0, "nearest", "down")] == [
+        0,
+        1,
+        3,
+        5,
+        7,
+    ]
 
 
 def test_zero_weight_taps_are_not_read():
