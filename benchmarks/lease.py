@@ -163,6 +163,16 @@ STEPS = (
         limit=150,
     ),
     Step(
+        "walk-reads",
+        "the NHWC forward and input gradient walking their columns, an iteration's reads "
+        "before its arithmetic (read step by step, each step waited on memory), against "
+        "their tiles, then the walk's grid",
+        "tune.py",
+        '--family depthwise --groups "walk columns" "walk grid" --cases "96] 3x3 s1 NHWC" '
+        "--ops forward backprop_input",
+        limit=150,
+    ),
+    Step(
         "depthwise-before",
         "the depthwise kernels as they are (the NHWC filter gradient walking a 3x3 "
         "filter's columns, no NCHW kernel but the multiplier's forward and filter gradient "

@@ -1375,13 +1375,14 @@ def test_lease_lists_its_steps_and_their_commands():
         "'3x3 s1 NHWC' '3x3 s2 NHWC' 'M2 NHWC' --ops backprop_filter "
         "--json build/lease/walk-grid.json"
     )
-    assert lines[4].startswith("depthwise-before (at most 200 s): the depthwise kernels")
-    assert lines[5] == (
+    assert lines[4].startswith("walk-reads (at most 150 s): the NHWC forward and input")
+    assert lines[6].startswith("depthwise-before (at most 200 s): the depthwise kernels")
+    assert lines[7] == (
         "    python benchmarks/compare.py build/lease/depthwise-before.py --cases '96] 3x3 s1' "
         "'96] 3x3 s2' '192] 5x5 s1 NCHW' M2 --ops forward backprop_input backprop_filter "
         "--json build/lease/depthwise-before.json"
     )
-    assert lines[6] == (
+    assert lines[8] == (
         "    depthwise's kernels with 'reuse_rows=True, walk_taps=9, walk_warps=1' -> "
         "'reuse_rows=True'"
     )

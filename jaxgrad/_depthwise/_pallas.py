@@ -843,31 +843,46 @@ def _write_rows(
 
 
 _Carry = TypeVar("_Carry")
+_Read = TypeVar("_Read")
 
 
 def _walk(
-    step: Callable[[Any, _Carry, bool], _Carry], carry: _Carry, lag: int, steps: int, looped: range
+    read: Callable[[Any, bool], _Read],
+    step: Callable[[Any, _Read, _Carry, bool], _Carry],
+    carry: _Carry,
+    lag: int,
+    steps: int,
+    looped: range,
 ) -> _Carry:
-    """``carry = step(t, carry, unrolled)`` for the steps ``t`` in ``range(steps)``:
-    those of ``looped`` in a loop of ``lag + 1`` steps an iteration, so that the
-    columns a step keeps for the ``lag`` steps after it stay in their registers
-    rather than move each step; the others, and what the loop leaves over,
-    unrolled (``unrolled``: ``t`` is known, and a step can leave out what it
-    would not compute there)."""
+    """``carry = step(t, read(t, unrolled), carry, unrolled)`` for the steps ``t``
+    in ``range(steps)``: those of ``looped`` in a loop of ``lag + 1`` steps an
+    iteration, so that the columns a step keeps for the ``lag`` steps after it
+    stay in their registers rather than move each step; the others, and what the
+    loop leaves over, unrolled (``unrolled``: ``t`` is known, and a step can
+    leave out what it would not compute there).
+
+    An iteration makes every read of its steps before the first step's
+    arithmetic. A warp waits for a load where it first uses the value, and the
+    GPU's compiler does not move a load above an earlier store (the forward's
+    and the input gradient's steps each write a column): read step by step,
+    each step's loads would wait for the step before to finish, a wait on
+    memory a step rather than one an iteration."""
     per_iteration = lag + 1
     iterations = len(looped) // per_iteration
     for t in range(looped.start):
-        carry = step(t, carry, True)
+        carry = step(t, read(t, True), carry, True)
 
     def iteration(i: Any, carry: _Carry) -> _Carry:
-        for k in range(per_iteration):
-            carry = step(looped.start + i * per_iteration + k, carry, False)
+        ts = [looped.start + i * per_iteration + k for k in range(per_iteration)]
+        reads = [read(t, False) for t in ts]
+        for t, tiles in zip(ts, reads, strict=True):
+            carry = step(t, tiles, carry, False)
         return carry
 
     if iterations:
         carry = _kernels.fori_loop(0, iterations, iteration, carry)
     for t in range(looped.start + iterations * per_iteration, steps):
-        carry = step(t, carry, True)
+        carry = step(t, read(t, True), carry, True)
     return carry
 
 
@@ -956,12 +971,16 @@ def _walk_sums(
     lag = max(back for back, _ in kept)
     phases = sorted({phase for _, phase in kept})
 
-    def step(t: Any, recent: list[list[Any]], unrolled: bool) -> list[list[Any]]:
-        """Step ``t``. ``recent[di][k]``: filter row ``di``'s columns of step
-        ``t - 1 - k`` by phase (None before the first)."""
-        window = [
-            [{p: read(di, first + stride * t + p) for p in phases}, *recent[di]] for di in range(fh)
-        ]
+    def columns(t: Any, unrolled: bool) -> list[dict[int, jax.Array]]:
+        """Step ``t``'s columns, by filter row and phase."""
+        return [{p: read(di, first + stride * t + p) for p in phases} for di in range(fh)]
+
+    def step(
+        t: Any, new: list[dict[int, jax.Array]], recent: list[list[Any]], unrolled: bool
+    ) -> list[list[Any]]:
+        """Step ``t``, whose columns are ``new``. ``recent[di][k]``: filter row
+        ``di``'s columns of step ``t - 1 - k`` by phase (None before the first)."""
+        window = [[new[di], *recent[di]] for di in range(fh)]
         if not unrolled or t >= lag:  # the first steps only read
             total = zero
             for di in range(fh):
@@ -971,7 +990,7 @@ def _walk_sums(
         return [columns[:lag] for columns in window]
 
     recent: list[list[Any]] = [[None] * lag for _ in range(fh)]
-    _walk(step, recent, lag, lag + outputs, range(lag, lag + outputs))
+    _walk(columns, step, recent, lag, lag + outputs, range(lag, lag + outputs))
 
 
 def _walk_forward_kernel(
@@ -1466,37 +1485,50 @@ def _walk_partials_kernel(
     cols, lag, kept = launch.cols, _walk_lag(conv), _walk_steps(conv)
 
     Sums = tuple[list[jax.Array], list[Any]]
+    Columns = tuple[Any, list[dict[int, jax.Array]]]
 
-    def step(t: Any, carry: Sums, unrolled: bool) -> Sums:
-        """Step ``t``. ``carry``: the taps' sums, and ``recent[k]``, the output
-        gradient's column ``start + t - 1 - k`` (None where the walk's first steps
-        would read one before the program's). An ``unrolled`` step leaves out the
-        products whose output column lies outside the program's; a looped step
-        has none."""
-        sums, recent = list(carry[0]), carry[1]
+    def inside(t: Any, unrolled: bool) -> list[int]:
+        """The filter columns whose products step ``t`` adds: an ``unrolled`` step
+        leaves out those whose output column lies outside the program's; a looped
+        step has none."""
+        return [dj for dj in range(fw) if not unrolled or 0 <= t - kept[dj][0] < cols]
+
+    def columns(t: Any, unrolled: bool) -> Columns:
+        """Step ``t``'s columns: the output gradient's column ``start + t`` (None
+        past the program's last), and for each filter row its input columns by
+        the phases its taps read."""
         newest = None
         if not unrolled or t < cols:
             newest = _read_rows(dy_ref, launch, n, rows, start + t, out_chans, dtype, rows_ok)
-        window = [newest, *recent]  # window[k]: column start + t - k
-        inside = [dj for dj in range(fw) if not unrolled or 0 <= t - kept[dj][0] < cols]
-        phases = sorted({kept[dj][1] for dj in inside})
+        phases = sorted({kept[dj][1] for dj in inside(t, unrolled)})
+        by_row = []
         for di in range(fh):
             x_rows = rows * sh - top + di * dh
-            columns = {}
+            by_phase = {}
             for p in phases:
                 x_col = (start + t) * sw - left + p
                 column = _read_rows(x_ref, launch, n, x_rows, x_col, in_chans, dtype, rows_ok)
-                columns[p] = _on_output_lanes(column, conv)
-            for dj in inside:
+                by_phase[p] = _on_output_lanes(column, conv)
+            by_row.append(by_phase)
+        return newest, by_row
+
+    def step(t: Any, new: Columns, carry: Sums, unrolled: bool) -> Sums:
+        """Step ``t``, whose columns are ``new``. ``carry``: the taps' sums, and
+        ``recent[k]``, the output gradient's column ``start + t - 1 - k`` (None
+        where the walk's first steps would read one before the program's)."""
+        (newest, by_row), (sums, recent) = new, (list(carry[0]), carry[1])
+        window = [newest, *recent]  # window[k]: column start + t - k
+        for di in range(fh):
+            for dj in inside(t, unrolled):
                 back, phase = kept[dj]
-                sums[di * fw + dj] = sums[di * fw + dj] + columns[phase] * window[back]
+                sums[di * fw + dj] = sums[di * fw + dj] + by_row[di][phase] * window[back]
         return sums, window[:lag]
 
     zeros = [jnp.zeros((launch.rows, launch.channels), dtype)] * (fh * fw)
     # Every step from the lag-th on reads columns that each tap pairs with, until
     # the program's last.
     looped = range(lag, max(lag, cols))
-    sums, _ = _walk(step, (zeros, [None] * lag), lag, cols + lag, looped)
+    sums, _ = _walk(columns, step, (zeros, [None] * lag), lag, cols + lag, looped)
     partial = pl.program_id(0) * segments + pl.program_id(2)
     _store_partials(part_ref, launch, partial, 0, out_chans, tuple(sums))
 
