@@ -542,7 +542,7 @@ def test_coordinates_repeat_where_a_float64_sum_would_round(implementation):
     # At a scale P / Q the coordinates repeat exactly, u(kP + j) = u(j) + kQ: at 0.5
     # with an input offset of 1e-236, output 1 sits at 2 - 1e-236, below input 2,
     # where (1 - 0) / 0.5 - 1e-236 evaluated in float64 is 2.0. Rounded down, it
-    # reads input 1; so does every output of the axis from its period's first.
+    # reads input 1, and every output o > 0 of the axis input 2o - 1.
     # (A random search of the reference properties found the case, in which the
     # reference had computed u(o) directly.)
     x = jnp.arange(10.0)

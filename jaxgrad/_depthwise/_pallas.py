@@ -122,8 +122,9 @@ class _Launch:
     # (``_walk_launch``): each row cut into equal segments, a program each, or
     # failing that fewer rows a program. A walk's program is long, one step a
     # column, so its grid needs fewer warps than ``_MIN_WARPS`` to keep the GPU
-    # busy; but a grid just past what a GPU holds at once runs its last programs
-    # alone, as long as the rest took, and more, shorter programs shrink that tail.
+    # busy; but a grid just past what a GPU holds at once may run its last programs
+    # alone, nearly as long as the rest took, a tail that more, shorter programs
+    # shrink (whether it does is measured per kernel: ``_CUTS``).
     walk_grid_warps: int = 1024
 
     def call(
@@ -987,7 +988,7 @@ def _walk_sums(
                 for dj, (back, phase) in enumerate(kept):
                     total = total + window[di][back][phase] * taps(di * fw + dj, 0)[None, :]
             write(t - lag, total)
-        return [columns[:lag] for columns in window]
+        return [row[:lag] for row in window]
 
     recent: list[list[Any]] = [[None] * lag for _ in range(fh)]
     _walk(columns, step, recent, lag, lag + outputs, range(lag, lag + outputs))
