@@ -9,7 +9,7 @@ import tempfile
 
 import jax
 import pytest
-from helpers import SUITE_GC_THRESHOLDS, SUITE_XLA_FLAGS, TRANSFORMS
+from helpers import CAMPAIGN, SUITE_GC_THRESHOLDS, SUITE_XLA_FLAGS, TRANSFORMS, examples
 from hypothesis import HealthCheck, settings
 
 # The suite's XLA flags (helpers.py says which and why), read by XLA when it first
@@ -49,15 +49,17 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
-# A fixed, derandomized profile so that CI sees the same examples on every run.
+# A fixed, derandomized profile so that CI sees the same examples on every run; a
+# campaign (helpers.py) draws fresh ones, more of them, and keeps none.
 settings.register_profile(
     "ci",
     derandomize=True,
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.load_profile("ci")
+settings.register_profile("campaign", settings.get_profile("ci"), derandomize=False, database=None)
+settings.load_profile("campaign" if CAMPAIGN else "ci")
 
 
 @pytest.fixture(params=TRANSFORMS)

@@ -249,6 +249,20 @@ SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 # user's job does.
 SUITE_GC_THRESHOLDS = (50_000, 20, 100)
 
+# A random search of the suite's properties, run by hand (never in CI):
+# ``JAXGRAD_CAMPAIGN=N pytest ...`` draws N times each property's examples, fresh
+# ones every run, where CI draws the same few on every run (conftest.py's profile).
+# It is how the properties of the kernels, whose examples are few because each
+# compiles a kernel, meet the corners their strategies reach but CI's examples
+# do not: its first run, 60 examples each, found a reference that had evaluated
+# resample's periodic coordinates directly in float64.
+CAMPAIGN = int(os.environ.get("JAXGRAD_CAMPAIGN", "0") or 0)
+
+
+def examples(n):
+    """A property's ``max_examples``: ``n``, or ``JAXGRAD_CAMPAIGN`` times it."""
+    return n * max(CAMPAIGN, 1)
+
 
 def run_script(*args, timeout=600, env=None):
     """``python *args`` from the repository's root in a fresh process, under the

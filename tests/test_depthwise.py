@@ -24,7 +24,7 @@ from depthwise_reference import (
     run_all_three,
     to_nchw,
 )
-from helpers import TOLERANCE, TRANSFORMS, compiled_entry, needs_kernels, transformed
+from helpers import TOLERANCE, TRANSFORMS, compiled_entry, examples, needs_kernels, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -47,7 +47,7 @@ def assert_matches_reference(cfg, x, f, dy, results):
 
 
 # Each example compiles new shapes, so the expensive properties draw fewer examples.
-@settings(max_examples=16)
+@settings(max_examples=examples(16))
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.booleans(), st.integers(0, 2**31 - 1))
 def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
     x, f, dy = random_operands(cfg, seed)
@@ -57,7 +57,7 @@ def test_all_three_ops_match_reference(cfg, data_format, four_ints, seed):
 # Filters of more than 25 taps read padded copies, and their filter gradient loops
 # over kernel rows (so that compile time grows with the taps, not with taps times
 # blocks): the same properties over that formulation.
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(
     configs(kernel=(4, 9), min_taps=26),
     st.sampled_from(["NHWC", "NCHW"]),
@@ -128,7 +128,7 @@ def lax_depthwise(x, f, cfg):
     )
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_gradients_match_lax_autodiff(cfg, seed):
     x, f, dy = (jnp.asarray(a) for a in random_operands(cfg, seed))

@@ -32,6 +32,7 @@ from helpers import (
     TRANSFORMS,
     TRITON_CALL,
     bounds_checked_kernels,
+    examples,
     kernel_launches,
     kernel_primitives,
     launched_kernels,
@@ -110,7 +111,7 @@ def relative_error(got, want):
 
 # Interpreted kernels compile slowly: fewer examples than the default implementation's.
 @needs_kernels
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(configs(), st.sampled_from(["NHWC", "NCHW"]), st.integers(0, 2**31 - 1))
 def test_kernels_match_reference(cfg, data_format, seed):
     x, f, dy = random_operands(cfg, seed)
@@ -1427,7 +1428,7 @@ LOWERED_LAUNCHES = [
 # A GPU reads past an array where interpret mode would clamp a lane into it: every
 # access checked, over the reference tests' configurations and the launches.
 @needs_kernels
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(
     configs(sides=(1, 20), channels=(1, 9)),
     st.sampled_from(["NHWC", "NCHW"]),
@@ -1447,7 +1448,7 @@ def test_kernels_access_only_lanes_inside_their_arrays(cfg, data_format, seed, f
 # draw configurations at the sizes a GPU meets, where the tiles, walks and launches
 # take the shapes that tiny arrays never give them.
 @needs_kernels
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     configs(kernel=(1, 7), sides=(1, 140), channels=(1, 40)),
     st.sampled_from(["NHWC", "NCHW"]),

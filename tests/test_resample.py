@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, TOLERANCE, compiled_entry, needs_kernels, transformed
+from helpers import FLOAT_DTYPES, TOLERANCE, compiled_entry, examples, needs_kernels, transformed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.test_util import check_grads
@@ -216,7 +216,7 @@ def ref_args(c):
 
 # Each example compiles new shapes; these two properties are the suite's slowest, so
 # they draw fewer examples than the profile's 40 (the suite must stay near 10 minutes).
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_forward_and_gradient_match_reference(c, seed):
     rng = np.random.default_rng(seed)
@@ -233,7 +233,7 @@ def test_forward_and_gradient_match_reference(c, seed):
     np.testing.assert_allclose(dx, oracle, rtol=1e-12, atol=1e-12)
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_adjoint_identity(c, seed):
     # <A x, y> == <x, A^T y>, the defining property of the gradient.

@@ -17,6 +17,7 @@ from helpers import (
     TOLERANCE,
     TRITON_CALL,
     bounds_checked_kernels,
+    examples,
     kernel_launches,
     kernel_primitives,
     lowered_text,
@@ -59,7 +60,7 @@ def both_ways(x, dy, in_shape, scales, out_shape=None, **kw):
 
 # Each example compiles a new interpreted kernel (about half a second a direction).
 @needs_kernels
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_kernel_matches_reference(c, seed):
     assert_kernel_matches_references(c, seed)
@@ -255,7 +256,7 @@ def last_axis_configs(draw):
 
 
 @needs_kernels
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(last_axis_configs(), st.integers(0, 2**31 - 1), st.booleans())
 def test_kernel_reading_columns_in_pairs_matches_reference(c, seed, rows_together):
     with launches_with(paired=True, rows_together=rows_together):
@@ -264,7 +265,7 @@ def test_kernel_reading_columns_in_pairs_matches_reference(c, seed, rows_togethe
 
 # Each example compiles a new interpreted kernel.
 @needs_kernels
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_kernel_with_rows_together_matches_reference(c, seed):
     with launches_with(rows_together=True):
@@ -531,7 +532,7 @@ def row_pattern_configs(draw):
     return {**c, "row_axis": row_axis}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(row_pattern_configs(), st.integers(1, 8), st.booleans())
 def test_row_pattern_reads_the_rows_the_tables_list(c, rows, transpose):
     # A block of whole periods starting at a multiple of the period, inside the
@@ -565,7 +566,7 @@ def test_row_pattern_reads_the_rows_the_tables_list(c, rows, transpose):
 
 # Each example compiles a new interpreted kernel.
 @needs_kernels
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(row_pattern_configs(), st.integers(0, 2**31 - 1), st.booleans())
 @example(  # two linear row axes: the first's weights scale each row the block reads
     c=dict(
@@ -671,7 +672,7 @@ LOWERED_OPTIONS = [{}, *LAUNCH_OPTIONS, {"row_pattern": True}, {"warps": 1}]
 # Lowering builds each kernel's Triton program, as a GPU run would, without running
 # it: cheap enough to draw from the reference tests' whole space of configurations.
 @needs_kernels
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(configs(), st.sampled_from(LOWERED_OPTIONS), st.data())
 def test_kernel_lowers_for_cuda_in_every_configuration(c, fields, data):
     # Nearest neighbour moves integers and booleans too, forward only.
@@ -707,7 +708,7 @@ def test_kernel_lowers_for_cuda_in_every_configuration(c, fields, data):
 # access checked, over the configurations of the reference tests, of the columns
 # read in pairs and of the rows read by their pattern, under every launch option.
 @needs_kernels
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(
     st.one_of(
         st.tuples(configs(), st.sampled_from(LOWERED_OPTIONS)),
@@ -958,7 +959,7 @@ JOINT_CASES = [
 ]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(configs(), st.integers(0, 2**31 - 1))
 def test_joint_form_matches_reference(c, seed):
     rng = np.random.default_rng(seed)

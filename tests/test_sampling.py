@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +53,7 @@ def assert_same_rows(plan, axis, transpose):
 RATIOS = [(2, 1), (1, 2), (3, 1), (1, 3), (3, 2), (2, 3), (4, 3), (7, 5), (5, 8), (8, 1), (1, 8)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     n_in=st.integers(1, 90),
     ratio=st.sampled_from(RATIOS),
@@ -177,7 +178,7 @@ LISTED_NONE = (_plan, "LISTED_ROWS", 0)  # every axis computes its rows in the p
 UNROLLED_NONE = (_xla, "_MAX_UNROLLED_TAPS", 0)  # every axis loops over its taps
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     n_in=st.integers(2, 40),
     ratio=st.sampled_from(RATIOS),
