@@ -244,7 +244,8 @@ def label(fields: dict[str, int]) -> str:
     kept += ", rows read ahead" if fields.get("read_ahead") else ""
     walk = f", columns walked on {fields.get('walk_warps')} warps"
     walk += f" by {fields.get('walk_channels')} channels"
-    walk += f" in {fields.get('walk_grid_warps')} warps or more"
+    # Searches before the grid was a field have no such entry.
+    walk += f" in {fields['walk_grid_warps']} warps or more" if "walk_grid_warps" in fields else ""
     kept += walk if fields.get("walk_columns") else ""
     kept += ", columns read in pairs" if fields.get("paired") else ""
     kept += ", rows as one tile" if fields.get("rows_together") else ""
