@@ -254,7 +254,7 @@ SUITE_GC_THRESHOLDS = (50_000, 20, 100)
 # ones every run, where CI draws the same few on every run (conftest.py's profile).
 # It is how the properties of the kernels, whose examples are few because each
 # compiles a kernel, meet the corners their strategies reach but CI's examples
-# do not: its first run, 60 examples each, found a reference that had evaluated
+# do not: a run of it, 60 examples each, found a reference that had evaluated
 # resample's periodic coordinates directly in float64.
 CAMPAIGN = int(os.environ.get("JAXGRAD_CAMPAIGN", "0") or 0)
 
