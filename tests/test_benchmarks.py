@@ -1369,20 +1369,23 @@ def test_lease_lists_its_steps_and_their_commands():
     assert lines[1] == (
         "    python benchmarks/gpu.py --sections train --json build/lease/unet-tiled.json"
     )
-    assert lines[2].startswith("walk-grid (at most 150 s): the walking NHWC filter gradient")
-    assert lines[3] == (
+    # The whole command, every section and case, for as long as one call allows.
+    assert lines[2].startswith("whole (at most 540 s): the whole command in one run")
+    assert lines[3] == "    python benchmarks/gpu.py --json build/lease/whole.json"
+    assert lines[4].startswith("walk-grid (at most 150 s): the walking NHWC filter gradient")
+    assert lines[5] == (
         "    python benchmarks/tune.py --family depthwise --groups 'walk grid' --cases "
         "'3x3 s1 NHWC' '3x3 s2 NHWC' 'M2 NHWC' --ops backprop_filter "
         "--json build/lease/walk-grid.json"
     )
-    assert lines[4].startswith("walk-reads (at most 150 s): the NHWC forward and input")
-    assert lines[6].startswith("depthwise-before (at most 200 s): the depthwise kernels")
-    assert lines[7] == (
+    assert lines[6].startswith("walk-reads (at most 150 s): the NHWC forward and input")
+    assert lines[8].startswith("depthwise-before (at most 200 s): the depthwise kernels")
+    assert lines[9] == (
         "    python benchmarks/compare.py build/lease/depthwise-before.py --cases '96] 3x3 s1' "
         "'96] 3x3 s2' '192] 5x5 s1 NCHW' M2 --ops forward backprop_input backprop_filter "
         "--json build/lease/depthwise-before.json"
     )
-    assert lines[8] == (
+    assert lines[10] == (
         "    depthwise's kernels with 'reuse_rows=True, walk_taps=9, walk_warps=1' -> "
         "'reuse_rows=True'"
     )
