@@ -156,10 +156,9 @@ STEPS = (
     ),
     Step(
         "whole",
-        "the whole command in one run, as the GPU issues read their targets (never run in "
-        "one go): every section with the defaults as they are, and its wall time against "
-        "the 8 minutes the depthwise GPU issue asks for (stopped at the budget, its rows "
-        "say how far it got)",
+        "the whole command in one run, as the GPU issues read their targets: every section "
+        "with the defaults as they are, and its wall time against the 8 minutes the "
+        "depthwise GPU issue asks for (stopped at the budget, its rows say how far it got)",
         "gpu.py",
         "",
         limit=BUDGET,
