@@ -6,12 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import transformed
+from helpers import needs_kernels, transformed
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 import jaxgrad
+from jaxgrad._resample import _plan, _resize
 
 CTMS = [
     "half_pixel",
@@ -101,6 +102,75 @@ def test_matches_onnx_reference(in_shape, data, ctm, mode, nearest_mode, use_sca
         got = jaxgrad.resize(jnp.asarray(x), out_shape, **kw)
     expected = onnx_resize(x, out_shape, scales, ctm, mode, nearest_mode)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def read_matrix(plan):
+    """The dense matrix of a plan's rows, as the program reads them."""
+    table = plan.listed()
+    rows = np.broadcast_to(np.arange(plan.n_rows)[:, None], table.index.shape)
+    matrix = np.zeros((plan.n_rows, plan.n_cols))
+    np.add.at(matrix, (rows[table.valid], table.index[table.valid]), table.weights[table.valid])
+    return matrix
+
+
+# Axes of 1 to 24 inputs and outputs, by output_shape (scale n_out / n_in) and by
+# the scales of the property above.
+SHORT_AXES = [(n_in, n_out, n_out / n_in) for n_in in range(1, 25) for n_out in range(1, 25)] + [
+    (n_in, math.floor(n_in * s), s)
+    for n_in in range(1, 25)
+    for s in (0.25, 0.5, 0.75, 1.25, 1.5, 2.5, 3.0, 0.6, 1.7)
+    if math.floor(n_in * s) > 0
+]
+
+
+@pytest.mark.parametrize("nearest_mode", NEAREST_MODES)
+@pytest.mark.parametrize("ctm", CTMS)
+def test_nearest_reads_the_input_onnx_reads_on_every_short_axis(ctm, nearest_mode):
+    # Where a coordinate is whole (or half) in real numbers, ONNX's float64
+    # expression can land either side of it, output by output; a scale's period
+    # (u(kP + j) = u(j) + kQ) may land elsewhere, and would read another input.
+    # (A random search of the property above found 7 inputs at 0.5, half-pixel
+    # symmetric, rounding up: ONNX reads inputs 2, 3 and 5, the period 2, 4 and 6.)
+    for n_in, n_out, scale in SHORT_AXES:
+        axis = _resize.axis_of(ctm, "nearest", nearest_mode, n_in, n_out, scale)
+        want = onnx_axis_weights(ctm, "nearest", nearest_mode, n_in, n_out, scale)
+        case = f"{n_in} -> {n_out} at {scale}"
+        np.testing.assert_array_equal(read_matrix(_plan._make_plan(axis, False)), want, case)
+        np.testing.assert_array_equal(read_matrix(_plan._make_plan(axis, True)), want.T, case)
+
+
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
+def test_nearest_reads_the_input_onnx_reads_where_a_period_would_not(implementation):
+    # ONNX's coordinates of 7 inputs at 0.5, half-pixel symmetric: 1.0000000000000002,
+    # 3.0 and 5.0, rounded up to 2, 3 and 5 (the period: 2, 4 and 6).
+    y = jaxgrad.resize(
+        jnp.arange(7.0),
+        scales=(0.5,),
+        mode="nearest",
+        coordinate_transformation_mode="half_pixel_symmetric",
+        nearest_mode="ceil",
+        implementation=implementation,
+    )
+    np.testing.assert_array_equal(y, [2, 3, 5])
+
+    # 14 inputs to 18 outputs, as PyTorch's "nearest" by size: output 9 at
+    # 9 / (18 / 14) = 6.999999999999999 reads input 6 (the period, 9 outputs to 7
+    # inputs, puts it at 7). Its gradient is the transpose.
+    def torch_nearest(x):
+        return jaxgrad.resize(
+            x,
+            (18,),
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+            implementation=implementation,
+        )
+
+    x = jnp.arange(14.0)
+    np.testing.assert_array_equal(torch_nearest(x), np.floor(np.arange(18) / (18 / 14)))
+    assert torch_nearest(x)[9] == 6
+    dx = jax.grad(lambda x: jnp.vdot(jnp.arange(18.0), torch_nearest(x)))(x)
+    np.testing.assert_array_equal(dx[6:8], [8 + 9, 10])  # input 6: outputs 8, 9; 7: 10
 
 
 X5 = np.arange(1.0, 6.0) ** 2  # [1, 4, 9, 16, 25]

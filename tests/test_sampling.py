@@ -76,7 +76,7 @@ def test_a_plan_lists_the_same_rows_as_the_matrix(n_in, ratio, a, b, mode, round
 @pytest.mark.parametrize(("n_in", "n_out"), [(64, 128), (1000, 1370), (610, 300), (300, 610)])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_resize_plans_list_the_same_rows(ctm, n_in, n_out, transpose):
-    coordinates = _resize._Coordinates(ctm, n_in, n_out, n_out / n_in, 0.0)
+    coordinates = _resize._Coordinates(ctm, n_in, n_out, n_out / n_in, 0.0, None)
     axis = _plan.Axis(n_in, n_out, coordinates, True, "half_up")
     plan = _plan._make_plan(axis, transpose)
     if ctm != "align_corners":  # (n_out - 1) / (n_in - 1): periods too long for these

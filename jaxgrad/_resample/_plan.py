@@ -124,7 +124,8 @@ def _split_coordinates(axis: Axis, o: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return k * q, axis.coordinates.at(j.astype(np.float64))
 
 
-def _round(u: np.ndarray, rounding: str) -> np.ndarray:
+def rounded(u: np.ndarray, rounding: str) -> np.ndarray:
+    """Nearest neighbour's input coordinates ``u`` rounded to whole inputs (float64)."""
     if rounding == "half_up":
         return np.asarray(np.floor(u + 0.5))
     if rounding == "down":
@@ -141,7 +142,7 @@ def _raw_taps(axis: Axis, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = rest - floor
         cols = (base + floor.astype(np.int64))[:, None] + np.arange(2)
         return cols, np.stack([1 - t, t], axis=1)
-    cols = base + _round(rest, axis.rounding).astype(np.int64)
+    cols = base + rounded(rest, axis.rounding).astype(np.int64)
     return cols[:, None], np.ones((len(o), 1))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -50,8 +51,8 @@ def resize(
       tf_half_pixel_for_nn  (o + 0.5) / s
       half_pixel_symmetric  n_in / 2 * (1 - n_out / L) + (o + 0.5) / s - 0.5
 
-    computed in float64 in the order ONNX's reference evaluator uses, so that
-    exact ties round the same way. ``mode="nearest"`` then rounds ``u`` by
+    computed in float64 output by output, in the order ONNX's reference evaluator
+    uses, so that exact ties round the same way. ``mode="nearest"`` then rounds ``u`` by
     ``nearest_mode`` (``round_prefer_floor`` sends ties down,
     ``round_prefer_ceil`` up) and ``mode="linear"`` interpolates between the two
     neighbours; indices clamp to the edges, as in ``resample``.
@@ -60,7 +61,9 @@ def resize(
     ``mode="linear"`` with ``"half_pixel"``; ``align_corners=True`` is
     ``"align_corners"``; PyTorch ``"nearest"`` is ``"asymmetric"`` with
     ``nearest_mode="floor"``; ``"nearest-exact"`` is ``"half_pixel"`` with
-    ``"round_prefer_ceil"``. TensorFlow's ``half_pixel_centers=True`` bilinear is
+    ``"round_prefer_ceil"``, but for an exact tie that float arithmetic lands
+    either side of, which PyTorch's float32 may round otherwise (the conventions
+    page has an example). TensorFlow's ``half_pixel_centers=True`` bilinear is
     ``"half_pixel"``. ``jax.image.resize(..., "linear")`` equals ``"half_pixel"``
     linear when every axis grows (it antialiases when shrinking; ``resize`` does
     not).
@@ -132,46 +135,89 @@ def resize(
                 f"{op}: floor(x.shape * scales) = {out_shape} has a zero length "
                 f"(x.shape {x.shape}, scales {scales_})"
             )
+    axes = tuple(
+        axis_of(ctm, mode, nearest, n_in, n_out, s)
+        for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
+    )
+    return _ops.compiled_core(x, axes, False, impl)  # type: ignore[no-any-return]
+
+
+def axis_of(
+    ctm: str, mode: str, nearest_mode: str, n_in: int, n_out: int, scale: float
+) -> _plan.Axis:
+    """How ``resize`` resamples one axis of ``n_in`` inputs to ``n_out`` outputs."""
     # ONNX's round_prefer_floor is ceil(u - 0.5): ties go down.
     rounding, shift = {
         "round_prefer_floor": ("up", 0.5),
         "round_prefer_ceil": ("half_up", 0.0),
         "floor": ("down", 0.0),
         "ceil": ("up", 0.0),
-    }[nearest]
+    }[nearest_mode]
     if mode == "linear":
-        shift = 0.0
-    axes = tuple(
-        _plan.Axis(
-            n_in, n_out, _Coordinates(ctm, n_in, n_out, s, shift), mode == "linear", rounding
-        )
-        for n_in, n_out, s in zip(x.shape, out_shape, scales_, strict=True)
-    )
-    return _ops.compiled_core(x, axes, False, impl)  # type: ignore[no-any-return]
+        coordinates = _Coordinates(ctm, n_in, n_out, scale, 0.0, None)
+        return _plan.Axis(n_in, n_out, coordinates, True, rounding)
+    coordinates = _Coordinates(ctm, n_in, n_out, scale, shift, rounding)
+    return _plan.Axis(n_in, n_out, coordinates, False, rounding)
+
+
+# Outputs whose coordinates are compared at once where a period is checked (64 KiB
+# of float64 each): the check's memory does not grow with the axis.
+_CHECKED_AT_ONCE = 8192
 
 
 @dataclasses.dataclass(frozen=True)
 class _Coordinates:
-    """ONNX's input coordinate of each output, less ``shift`` (which turns
-    round_prefer_floor into a rounding up)."""
+    """ONNX's input coordinate of each output, evaluated output by output, less
+    ``shift`` (which turns round_prefer_floor into a rounding up).
+
+    ``period`` is the pattern of the plan (``u(kP + j) = u(j) + kQ``) only where it
+    gives the same taps as ONNX's expression evaluated at each output. Evaluated in
+    float64 one by one, coordinates that are exactly whole (or half) in real numbers
+    can land either side of it, and nearest neighbour would then read another input
+    through the period than ONNX's reference reads (18 outputs of 14 inputs,
+    asymmetric: output 9 at 9 / (18 / 14) = 6.999999999999999, where the period puts
+    it at 7). Linear weights follow the period, within float64 rounding of ONNX's.
+    """
 
     mode: str  # coordinate_transformation_mode
     n_in: int
     n_out: int
     scale: float
     shift: float
+    rounding: str | None  # nearest neighbour's (the plan's); None for linear
 
     def at(self, o: np.ndarray) -> np.ndarray:
         return _onnx_coordinates(self.mode, self.n_in, self.n_out, self.scale, o) - self.shift
 
-    @property
+    @functools.cached_property
     def period(self) -> tuple[int, int] | None:
+        found = self._slope_period()
+        if found is None or self.rounding is None or self._reads_as_evaluated(*found):
+            return found
+        return None
+
+    def _slope_period(self) -> tuple[int, int] | None:
+        """``(P, Q)`` from the slope of the coordinates, ``Q / P``, where it has one."""
         length = self.scale * self.n_in  # L, the unrounded output length
         if self.mode in ("pytorch_half_pixel", "align_corners") and length == 1:
             return None  # one coordinate for every output
         if self.mode == "align_corners":
             return _plan.period_of((length - 1) / (self.n_in - 1)) if self.n_in > 1 else None
         return _plan.period_of(self.scale)
+
+    def _reads_as_evaluated(self, p: int, q: int) -> bool:
+        """Whether nearest neighbour reads the same input at every output through the
+        period ``(p, q)`` as through the coordinate evaluated at that output."""
+        assert self.rounding is not None
+        for start in range(0, self.n_out, _CHECKED_AT_ONCE):
+            o = np.arange(start, min(start + _CHECKED_AT_ONCE, self.n_out))
+            k, j = np.divmod(o, p)
+            evaluated = _plan.rounded(self.at(o.astype(np.float64)), self.rounding)
+            repeated = _plan.rounded(self.at(j.astype(np.float64)), self.rounding) + k * q
+            inputs = (np.clip(r, 0, self.n_in - 1) for r in (evaluated, repeated))
+            if not np.array_equal(*inputs):
+                return False
+        return True
 
 
 def _onnx_coordinates(ctm: str, n_in: int, n_out: int, scale: float, o: np.ndarray) -> np.ndarray:
