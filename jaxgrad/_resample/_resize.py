@@ -51,9 +51,9 @@ def resize(
       tf_half_pixel_for_nn  (o + 0.5) / s
       half_pixel_symmetric  n_in / 2 * (1 - n_out / L) + (o + 0.5) / s - 0.5
 
-    computed in float64 output by output, in the order ONNX's reference evaluator
-    uses, so that exact ties round the same way. ``mode="nearest"`` then rounds ``u`` by
-    ``nearest_mode`` (``round_prefer_floor`` sends ties down,
+    computed in float64 output by output, in the order ONNX's reference
+    evaluator uses, so that exact ties round the same way. ``mode="nearest"``
+    then rounds ``u`` by ``nearest_mode`` (``round_prefer_floor`` sends ties down,
     ``round_prefer_ceil`` up) and ``mode="linear"`` interpolates between the two
     neighbours; indices clamp to the edges, as in ``resample``.
 
@@ -61,12 +61,12 @@ def resize(
     ``mode="linear"`` with ``"half_pixel"``; ``align_corners=True`` is
     ``"align_corners"``; PyTorch ``"nearest"`` is ``"asymmetric"`` with
     ``nearest_mode="floor"``; ``"nearest-exact"`` is ``"half_pixel"`` with
-    ``"round_prefer_ceil"``, but for an exact tie that float arithmetic lands
-    either side of, which PyTorch's float32 may round otherwise (the conventions
-    page has an example). TensorFlow's ``half_pixel_centers=True`` bilinear is
-    ``"half_pixel"``. ``jax.image.resize(..., "linear")`` equals ``"half_pixel"``
-    linear when every axis grows (it antialiases when shrinking; ``resize`` does
-    not).
+    ``"round_prefer_ceil"`` (PyTorch computes in float32: where float arithmetic
+    can land either side of an exact tie, it may read the other neighbour; the
+    conventions page has an example). TensorFlow's ``half_pixel_centers=True``
+    bilinear is ``"half_pixel"``. ``jax.image.resize(..., "linear")`` equals
+    ``"half_pixel"`` linear when every axis grows (it antialiases when shrinking;
+    ``resize`` does not).
 
     Args:
       x: array of rank >= 1; floating, or integer or bool for ``mode="nearest"``.
