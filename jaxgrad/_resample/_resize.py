@@ -209,11 +209,12 @@ class _Coordinates:
         """Whether nearest neighbour reads the same input at every output through the
         period ``(p, q)`` as through the coordinate evaluated at that output."""
         assert self.rounding is not None
+        first_period = _plan.rounded(self.at(np.arange(p, dtype=np.float64)), self.rounding)
         for start in range(0, self.n_out, _CHECKED_AT_ONCE):
             o = np.arange(start, min(start + _CHECKED_AT_ONCE, self.n_out))
             k, j = np.divmod(o, p)
             evaluated = _plan.rounded(self.at(o.astype(np.float64)), self.rounding)
-            repeated = _plan.rounded(self.at(j.astype(np.float64)), self.rounding) + k * q
+            repeated = first_period[j] + k * q
             inputs = (np.clip(r, 0, self.n_in - 1) for r in (evaluated, repeated))
             if not np.array_equal(*inputs):
                 return False
