@@ -17,6 +17,7 @@ from depthwise_reference import (
     from_nchw,
     make_cfg,
     op_kwargs,
+    out_shape,
     random_operands,
     ref_backprop_filter,
     ref_backprop_input,
@@ -450,6 +451,42 @@ def test_a_batch_of_zero_images(implementation, kernel):
     np.testing.assert_array_equal(gf, np.zeros(cfg["f_shape"]))
 
 
+# Output sizes of 0, as TensorFlow computes them (and returns): a filter wider than
+# the input by less than a stride, a window wider than the input at stride 1
+# (7x7: "xla" sums the filter gradient by rows), explicit padding of 0 around an
+# input smaller than the filter.
+EMPTY_OUTPUTS = [
+    make_cfg((2, 5, 1, 3), (1, 2, 3, 1), (3, 3), (1, 1), "VALID"),
+    make_cfg((1, 6, 6, 2), (7, 7, 2, 2), (1, 1), (1, 1), "VALID"),
+    make_cfg((1, 3, 2, 2), (3, 3, 2, 1), (1, 2), (1, 1), "EXPLICIT", ((0, 0), (0, 0))),
+]
+
+
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("cfg", EMPTY_OUTPUTS, ids=["stride", "wide-filter", "explicit"])
+def test_an_output_of_no_pixels(cfg, data_format, implementation):
+    # An empty output, and gradients of zeros (empty sums), in the ops and
+    # through jax.grad, as TensorFlow gives them.
+    assert 0 in (cfg["geom"][0][0], cfg["geom"][1][0])
+    x, f, dy = random_operands(cfg, 7)
+    y, dx, df = run_all_three(cfg, data_format, x, f, dy, implementation=implementation)
+    assert y.shape == out_shape(cfg)
+    np.testing.assert_array_equal(dx, np.zeros(cfg["x_shape"]))
+    np.testing.assert_array_equal(df, np.zeros(cfg["f_shape"]))
+
+    strides, padding, kw = op_kwargs(cfg, data_format)
+    xs = jnp.asarray(to_nchw(x) if data_format == "NCHW" else x)
+
+    def loss(x, f):
+        y = jaxgrad.depthwise_conv2d(x, f, strides, padding, implementation=implementation, **kw)
+        return (y**2).sum()
+
+    gx, gf = jax.grad(loss, argnums=(0, 1))(xs, jnp.asarray(f))
+    np.testing.assert_array_equal(gx, np.zeros(xs.shape))
+    np.testing.assert_array_equal(gf, np.zeros(cfg["f_shape"]))
+
+
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
 def test_lowering_a_wide_image_takes_no_host_memory_per_pixel(data_format):
     # Whether a window lies inside the image is decided from its ends: lowering the
@@ -681,12 +718,12 @@ bpf = jaxgrad.depthwise_conv2d_backprop_filter
         (
             lambda: conv(X, jnp.ones((7, 3, 2, 1)), (1, 1), "VALID"),
             ValueError,
-            r"depthwise_conv2d: the computed output height must be positive, got -1",
+            r"depthwise_conv2d: the computed output height must not be negative, got -1",
         ),
         (
             lambda: conv(X, jnp.ones((3, 3, 2, 1)), (1, 1), "VALID", dilations=(1, 3)),
             ValueError,
-            "depthwise_conv2d: the computed output width must be positive, got -1",
+            "depthwise_conv2d: the computed output width must not be negative, got -1",
         ),
         (
             lambda: conv(X, jnp.ones((3, 3, 2, 1), jnp.float32), (1, 1), "SAME"),

@@ -93,7 +93,7 @@ def depthwise_conv2d(
     Raises:
       TypeError: an argument is not an array, not floating, or the dtypes differ.
       ValueError: a rank is not 4; the channels of input and filter differ; an
-        output size is not positive; a bad padding, data_format, strides,
+        output size is negative; a bad padding, data_format, strides,
         dilations, explicit_paddings or implementation; ``"pallas"`` asked for
         where it cannot run (a backend other than CPU and CUDA, or a JAX without
         Pallas' Triton backend).

@@ -101,9 +101,9 @@ def configure(
         else:
             before, after = ex
             out = (size + before + after - effective + s) // s
-        if out <= 0:
+        if out < 0:
             raise ValueError(
-                f"{op}: the computed output {axis} must be positive, got {out} (input "
+                f"{op}: the computed output {axis} must not be negative, got {out} (input "
                 f"{axis} {size}, filter {k}, dilation {d}, stride {s}, padding {before}+{after})"
             )
         pads.append((before, after))

@@ -744,6 +744,8 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
     isolated padded copy. The program holds one step's terms, not every tap's,
     and each step's stage-1 array is reused by the next.
     """
+    if 0 in conv.out_size:  # a sum of no terms, and no rows to cut into blocks
+        return jnp.zeros(conv.filter_shape, x.dtype)
     dtype = _checks.compute_dtype(x.dtype)
     padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, _Read.ISOLATE).array
     dy5 = _gradient_operand(dy, conv, dtype)
