@@ -246,6 +246,15 @@ def main(checks: list[str], implementation: str | None) -> None:
                 (P("data", None, None, "model"), P(None, None, "model")),
                 mesh=grid,
             )
+        # An output of no columns (a 3-wide window over 1 column at stride 3):
+        # the gradients are zeros, typed as their primals.
+        thin = x[:, :, :1]
+
+        def empty_conv_loss(thin, f):
+            y = jaxgrad.depthwise_conv2d(thin, f, (3, 3), "VALID", implementation=implementation)
+            return jnp.sum(y**2)
+
+        types_follow_primals("conv, no output columns", empty_conv_loss, (thin, f), (P("d"), P()))
         types_follow_primals("resample, rows cut", resample_loss, (x,), (P(None, "d"),))
         types_follow_primals(
             "resample, channels cut", resample_loss, (x,), (P(None, None, None, "d"),)

@@ -452,11 +452,13 @@ def test_a_batch_of_zero_images(implementation, kernel):
 
 
 # Output sizes of 0, as TensorFlow computes them (and returns): a filter wider than
-# the input by less than a stride, a window wider than the input at stride 1
-# (7x7: "xla" sums the filter gradient by rows), explicit padding of 0 around an
-# input smaller than the filter.
+# the input by less than a stride (by one column, and by two, past the input's
+# last column and the next), a window wider than the input at stride 1 (7x7:
+# "xla" sums the filter gradient by rows), explicit padding of 0 around an input
+# smaller than the filter.
 EMPTY_OUTPUTS = [
     make_cfg((2, 5, 1, 3), (1, 2, 3, 1), (3, 3), (1, 1), "VALID"),
+    make_cfg((2, 7, 1, 3), (3, 3, 3, 2), (3, 3), (1, 1), "VALID"),
     make_cfg((1, 6, 6, 2), (7, 7, 2, 2), (1, 1), (1, 1), "VALID"),
     make_cfg((1, 3, 2, 2), (3, 3, 2, 1), (1, 2), (1, 1), "EXPLICIT", ((0, 0), (0, 0))),
 ]
@@ -464,7 +466,9 @@ EMPTY_OUTPUTS = [
 
 @pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
 @pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("cfg", EMPTY_OUTPUTS, ids=["stride", "wide-filter", "explicit"])
+@pytest.mark.parametrize(
+    "cfg", EMPTY_OUTPUTS, ids=["stride", "stride-3x3", "wide-filter", "explicit"]
+)
 def test_an_output_of_no_pixels(cfg, data_format, implementation):
     # An empty output, and gradients of zeros (empty sums), in the ops and
     # through jax.grad, as TensorFlow gives them.

@@ -397,7 +397,16 @@ def _on_tpus(
     return chosen
 
 
+def _no_output(conv: Conv) -> bool:
+    """Whether the output has no pixels: then every op is zeros (sums of no terms),
+    returned before the windows, which would reach past the input, and before the
+    platforms' readings, which would type those zeros' shardings differently."""
+    return 0 in conv.out_size
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
+    if _no_output(conv):
+        return jnp.zeros(conv.output_shape, x.dtype)
     return _on_tpus(_convolution.forward, _portable_forward, (x, f), conv)
 
 
@@ -472,6 +481,8 @@ def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    if _no_output(conv):
+        return jnp.zeros(conv.input_shape, dy.dtype)
     return _on_tpus(_convolution.input_gradient, _portable_input_gradient, (f, dy), conv)
 
 
@@ -649,6 +660,8 @@ def _whole_along(total: jax.Array, axis: int) -> jax.Array:
 
 
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
+    if _no_output(conv):
+        return jnp.zeros(conv.filter_shape, x.dtype)
     return _on_tpus(_convolution.filter_gradient, _portable_filter_gradient, (x, dy), conv)
 
 
@@ -744,8 +757,6 @@ def _filter_gradient_by_kernel_rows(x: jax.Array, dy: jax.Array, conv: Conv) -> 
     isolated padded copy. The program holds one step's terms, not every tap's,
     and each step's stage-1 array is reused by the next.
     """
-    if 0 in conv.out_size:  # a sum of no terms, and no rows to cut into blocks
-        return jnp.zeros(conv.filter_shape, x.dtype)
     dtype = _checks.compute_dtype(x.dtype)
     padded = _reader(_five_d(x, conv, 1), conv, conv.pads, dtype, _Read.ISOLATE).array
     dy5 = _gradient_operand(dy, conv, dtype)
