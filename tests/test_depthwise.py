@@ -451,11 +451,10 @@ def test_a_batch_of_zero_images(implementation, kernel):
     np.testing.assert_array_equal(gf, np.zeros(cfg["f_shape"]))
 
 
-# Output sizes of 0, as TensorFlow computes them (and returns): a filter wider than
-# the input by less than a stride (by one column, and by two, past the input's
-# last column and the next), a window wider than the input at stride 1 (7x7:
-# "xla" sums the filter gradient by rows), explicit padding of 0 around an input
-# smaller than the filter.
+# Output sizes of 0, as TensorFlow computes them (and returns): a window wider than
+# the input by less than a stride (by 1 and by 2 columns, at stride 3), a window
+# wider than the input at stride 1 (7x7: "xla" sums the filter gradient by rows),
+# explicit padding of 0 around an input narrower than the filter.
 EMPTY_OUTPUTS = [
     make_cfg((2, 5, 1, 3), (1, 2, 3, 1), (3, 3), (1, 1), "VALID"),
     make_cfg((2, 7, 1, 3), (3, 3, 3, 2), (3, 3), (1, 1), "VALID"),
