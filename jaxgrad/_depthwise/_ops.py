@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 from jax.typing import ArrayLike
 
@@ -309,7 +310,7 @@ def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
     """Whether ``implementation=None`` takes the kernels on a CUDA GPU: every
     configuration, in the dtypes training runs in (float64 stays on "xla")."""
     del conv  # the kernels cover every stride, dilation, padding, layout and multiplier
-    return bool(jax.numpy.dtype(dtype) != jax.numpy.float64)
+    return bool(jnp.dtype(dtype) != jnp.float64)
 
 
 def _run(
@@ -327,22 +328,27 @@ def _run(
     to output). Under explicit sharding they are laid out as
     ``_partition.explicit_specs`` says, whichever implementation computes.
     """
-    operands, result = roles
-    specs = _partition.explicit_specs(conv, operands, result, args)
+    operands, produced = roles
+    specs = _partition.explicit_specs(conv, operands, produced, args)
     # The mesh some operand's type names: a filter made inside the function names none.
     mesh = _sharding.explicit_mesh(args)
     if specs is not None:
         arg_specs = specs[: len(operands)]
         args = tuple(_sharding.reshard(a, s, mesh) for a, s in zip(args, arg_specs, strict=True))
-    result = _implementation.run(
-        op,
-        impl,
-        args,
-        xla=functools.partial(xla, conv=conv),
-        pallas=functools.partial(pallas, conv=conv),
-        pallas_available=_pallas.AVAILABLE,
-        pallas_preferred=_preferred(conv, args[0].dtype),
-    )
+    if conv.computes_nothing:
+        # Empty, or sums of no terms; no implementation sees a case with nothing to
+        # compute (a window of the portable arithmetic would reach past the input).
+        result = jnp.zeros(conv.shape_of(produced), args[0].dtype)
+    else:
+        result = _implementation.run(
+            op,
+            impl,
+            args,
+            xla=functools.partial(xla, conv=conv),
+            pallas=functools.partial(pallas, conv=conv),
+            pallas_available=_pallas.AVAILABLE,
+            pallas_preferred=_preferred(conv, args[0].dtype),
+        )
     if specs is None:
         return result
     return _sharding.reshard(result, specs[-1], mesh)

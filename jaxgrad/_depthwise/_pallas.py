@@ -668,12 +668,6 @@ def _sum_lane_groups(tile: jax.Array, m: int) -> jax.Array:
     return jnp.sum(tile.reshape(cols, lanes // m, m), axis=2)
 
 
-def _empty(conv: Conv, shape: tuple[int, ...], dtype: Any) -> jax.Array | None:
-    """Zeros when there is nothing to compute (a zero-size array anywhere)."""
-    sizes = (conv.batch, conv.channels, conv.multiplier, *conv.in_size, *conv.out_size)
-    return jnp.zeros(shape, dtype) if 0 in sizes else None
-
-
 # --------------------------------------------------------------------------------------
 # Column walks (``_Launch.walk_columns``)
 # --------------------------------------------------------------------------------------
@@ -1064,9 +1058,6 @@ def _walk_input_kernel(
 
 
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
-    empty = _empty(conv, conv.output_shape, x.dtype)
-    if empty is not None:
-        return empty
     launch, kernel, grid = _chosen(
         conv, interpret, "forward", _forward_kernel, _walk_forward_kernel
     )
@@ -1316,9 +1307,6 @@ def _input_kernel(f_ref: Any, dy_ref: Any, dx_ref: Any, *, conv: Conv, launch: _
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
-    empty = _empty(conv, conv.input_shape, dy.dtype)
-    if empty is not None:
-        return empty
     launch, kernel, grid = _chosen(conv, interpret, "input", _input_kernel, _walk_input_kernel)
     fh, fw = conv.kernel
     return launch.call(
@@ -1587,9 +1575,6 @@ def filter_gradient(
     """The filter gradient, in ``dtype`` (default: the input's; the sums stay in
     float32 for a caller that adds several up before it rounds)."""
     out_dtype = x.dtype if dtype is None else dtype
-    empty = _empty(conv, conv.filter_shape, out_dtype)
-    if empty is not None:
-        return empty
     launch, kernel, grid = _chosen(
         conv, interpret, "filter", _partials_kernel, _walk_partials_kernel
     )

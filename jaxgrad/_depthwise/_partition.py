@@ -147,8 +147,7 @@ def explicit_specs(conv: Conv, operands: str, result: str, args: tuple[jax.Array
     spec = _spec(split, conv, result)
     if result != "f":
         parts = [lead[d] if d in spatial else part for d, part in enumerate(spec)]
-        shape = conv.input_shape if result == "x" else conv.output_shape
-        spec = P(*_sharding.cuts_that_divide(parts, shape, mesh))
+        spec = P(*_sharding.cuts_that_divide(parts, conv.shape_of(result), mesh))
     return [*_specs(split, conv, operands), spec]
 
 

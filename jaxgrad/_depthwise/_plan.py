@@ -43,6 +43,19 @@ class Conv:
     def filter_shape(self) -> tuple[int, int, int, int]:
         return (*self.kernel, self.channels, self.multiplier)
 
+    def shape_of(self, role: str) -> tuple[int, ...]:
+        """The shape of the input ``"x"``, the output ``"y"`` or the filter ``"f"``."""
+        shapes = {"x": self.input_shape, "y": self.output_shape, "f": self.filter_shape}
+        return shapes[role]
+
+    @property
+    def computes_nothing(self) -> bool:
+        """Whether some length is 0 (images, channels, the multiplier, the input's
+        or the output's rows or columns): then each op's result is zeros, sums of
+        no terms where it is not empty itself."""
+        sizes = (self.batch, self.channels, self.multiplier, *self.in_size, *self.out_size)
+        return 0 in sizes
+
     def _shape(self, spatial: tuple[int, int], channels: int) -> tuple[int, ...]:
         if self.nchw:
             return (self.batch, channels, *spatial)

@@ -397,16 +397,7 @@ def _on_tpus(
     return chosen
 
 
-def _no_output(conv: Conv) -> bool:
-    """Whether the output has no pixels: then every op is zeros (sums of no terms),
-    returned before the windows, which would reach past the input, and before the
-    platforms' readings, which would type those zeros' shardings differently."""
-    return 0 in conv.out_size
-
-
 def forward(x: jax.Array, f: jax.Array, conv: Conv) -> jax.Array:
-    if _no_output(conv):
-        return jnp.zeros(conv.output_shape, x.dtype)
     return _on_tpus(_convolution.forward, _portable_forward, (x, f), conv)
 
 
@@ -481,8 +472,6 @@ def _interleave(phases: list[jax.Array], axis: int, size: int) -> jax.Array:
 
 
 def input_gradient(f: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
-    if _no_output(conv):
-        return jnp.zeros(conv.input_shape, dy.dtype)
     return _on_tpus(_convolution.input_gradient, _portable_input_gradient, (f, dy), conv)
 
 
@@ -660,8 +649,6 @@ def _whole_along(total: jax.Array, axis: int) -> jax.Array:
 
 
 def filter_gradient(x: jax.Array, dy: jax.Array, conv: Conv) -> jax.Array:
-    if _no_output(conv):
-        return jnp.zeros(conv.filter_shape, x.dtype)
     return _on_tpus(_convolution.filter_gradient, _portable_filter_gradient, (x, dy), conv)
 
 
