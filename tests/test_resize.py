@@ -211,6 +211,61 @@ def test_pytorch_interpolate_ports(size, kw, expected, transform):
     np.testing.assert_allclose(f(jnp.asarray(X5)), expected, rtol=1e-14)
 
 
+# F.interpolate(X5[None, None], scale_factor=...) in PyTorch 2.13 (float64), its
+# gradient of sum(y * [1, 2, ...]), and the resize call that ports it.
+PYTORCH_BY_FACTOR = [
+    (  # align_corners=True: the corners of the rounded length, 7, not of 7.5
+        dict(output_shape=(7,), coordinate_transformation_mode="align_corners"),
+        [1.0, 3.0, 5.666666666666666, 9.0, 13.666666666666666, 18.999999999999996, 25.0],
+        [1.6666666666666667, 3.3333333333333335, 6.666666666666668, 7.333333333333334, 9.0],
+    ),
+    (  # scale_factor=1.1 leaves the length 5, and PyTorch copies the axis
+        dict(scales=(1.0,)),
+        list(X5),
+        [1.0, 2.0, 3.0, 4.0, 5.0],
+    ),
+    (
+        dict(scales=(0.9,)),
+        [1.1666666666666667, 4.833333333333334, 10.944444444444443, 19.500000000000004],
+        [0.9444444444444444, 1.722222222222222, 2.5, 3.277777777777776, 1.5555555555555571],
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "expected", "gradient"), PYTORCH_BY_FACTOR)
+def test_pytorch_interpolate_by_factor_ports(kw, expected, gradient):
+    y, vjp = jax.vjp(lambda x: jaxgrad.resize(x, mode="linear", **kw), jnp.asarray(X5))
+    np.testing.assert_allclose(y, expected, rtol=1e-14)
+    dy = jnp.arange(1.0, len(expected) + 1)
+    np.testing.assert_allclose(vjp(dy)[0], gradient, rtol=1e-13)
+
+
+def test_align_corners_by_scales_aligns_the_unrounded_length():
+    # ONNX's align_corners with scales: u = o * (n_in - 1) / (n_in * s - 1), the
+    # corners of 7.5 outputs, where PyTorch's scale_factor aligns those of 7.
+    y = jaxgrad.resize(
+        jnp.asarray(X5),
+        scales=(1.5,),
+        mode="linear",
+        coordinate_transformation_mode="align_corners",
+    )
+    u = np.arange(7) * 4 / 6.5
+    np.testing.assert_allclose(y, np.interp(u, np.arange(5), X5), rtol=1e-14)
+
+
+def test_nearest_by_a_factor_that_keeps_the_length():
+    # 5 pixels at factor 1.1, as PyTorch's 1-D nearest forward reads them (its
+    # gradient copies [1, 2, 3, 4, 5] back instead of this transpose).
+    def nearest(x):
+        return jaxgrad.resize(
+            x, scales=(1.1,), coordinate_transformation_mode="asymmetric", nearest_mode="floor"
+        )
+
+    y, vjp = jax.vjp(nearest, jnp.asarray(X5))
+    np.testing.assert_array_equal(y, [1.0, 1.0, 4.0, 9.0, 16.0])
+    np.testing.assert_array_equal(vjp(jnp.arange(1.0, 6.0))[0], [1 + 2, 3, 4, 5, 0])
+
+
 @pytest.mark.parametrize("out_shape", [(3, 9, 12), (5, 16, 7)])
 def test_jax_image_resize_linear_when_growing(out_shape):
     x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4, 5)))
