@@ -40,6 +40,17 @@ def floating_array(op: str, name: str, value: Any) -> jax.Array:
     return x
 
 
+def check_concrete_shape(op: str, name: str, shape: Sequence[Any]) -> None:
+    """Raises ``TypeError`` if ``shape`` has a symbolic length (``jax.export``'s
+    shape polymorphism): an op that plans its sums from the lengths needs them."""
+    if not all(isinstance(n, int) for n in shape):
+        raise TypeError(
+            f"{op}: {name} must have a concrete shape, got {tuple(shape)}: the op plans "
+            "its sums from the lengths, which jax.export's symbolic dimensions leave "
+            "unknown; export with concrete shapes"
+        )
+
+
 def compute_dtype(dtype: Any) -> Any:
     """The dtype arithmetic runs in: half types are computed and accumulated in float32."""
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype

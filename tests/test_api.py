@@ -318,3 +318,38 @@ def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
             export.export(step, platforms=("cuda",))(x, f)
         exported = export.export(step, platforms=("cuda",), disabled_checks=[triton])(x, f)
     assert exported.mlir_module().count(TRITON_CALL) > 0
+
+
+# Each op with planned sums, on an operand of a symbolic batch (jax.export's shape
+# polymorphism).
+F = jnp.ones((3, 3, 4, 1), jnp.float32)
+PLANNED = {
+    "depthwise_conv2d": lambda x: jaxgrad.depthwise_conv2d(x, F, (1, 1), "SAME"),
+    "depthwise_conv2d_backprop_input": lambda dy: jaxgrad.depthwise_conv2d_backprop_input(
+        (2, 8, 8, 4), F, dy, (1, 1), "SAME"
+    ),
+    "depthwise_conv2d_backprop_filter": lambda x: jaxgrad.depthwise_conv2d_backprop_filter(
+        x, F.shape, x, (1, 1), "SAME"
+    ),
+    "resample": lambda x: jaxgrad.resample(x, (1, 2, 2, 1), mode="linear"),
+    "resample_grad": lambda dy: jaxgrad.resample_grad(dy, (2, 4, 4, 4), (1, 2, 2, 1)),
+    "resize": lambda x: jaxgrad.resize(x, scales=(1, 2, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(PLANNED))
+def test_a_symbolic_dimension_is_refused_by_name(op):
+    (batch,) = export.symbolic_shape("b")
+    x = jax.ShapeDtypeStruct((batch, 8, 8, 4), jnp.float32)
+    with pytest.raises(TypeError, match=rf"{op}: \w+ must have a concrete shape, got \(b, 8"):
+        export.export(jax.jit(PLANNED[op]))(x)
+
+
+def test_relu_exports_with_a_symbolic_batch():
+    # Elementwise, relu and its gradient plan nothing: any batch runs one artifact.
+    (batch,) = export.symbolic_shape("b")
+    spec = jax.ShapeDtypeStruct((batch, 3), jnp.float32)
+    exported = export.export(jax.jit(lambda x: jax.grad(lambda x: jaxgrad.relu(x).sum())(x)))(spec)
+    for n in (1, 5):
+        x = jnp.linspace(-1.0, 1.0, n * 3, dtype=jnp.float32).reshape(n, 3)
+        np.testing.assert_array_equal(exported.call(x), (x > 0).astype(jnp.float32))

@@ -92,7 +92,8 @@ def depthwise_conv2d(
       the dtype of ``input``.
 
     Raises:
-      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      TypeError: an argument is not an array, not floating, or the dtypes differ;
+        a shape has a symbolic dimension (``jax.export``).
       ValueError: a rank is not 4; the channels of input and filter differ; an
         output size is negative; a bad padding, data_format, strides,
         dilations, explicit_paddings or implementation; ``"pallas"`` asked for
@@ -179,7 +180,8 @@ def depthwise_conv2d_backprop_input(
       ``filter``.
 
     Raises:
-      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      TypeError: an argument is not an array, not floating, or the dtypes differ;
+        a shape has a symbolic dimension (``jax.export``).
       ValueError: as ``depthwise_conv2d``, and ``input_sizes`` that are not 4
         non-negative ints or disagree with the filter, or an ``out_backprop`` whose
         shape differs from the computed output shape.
@@ -263,7 +265,8 @@ def depthwise_conv2d_backprop_filter(
       of ``input``.
 
     Raises:
-      TypeError: an argument is not an array, not floating, or the dtypes differ.
+      TypeError: an argument is not an array, not floating, or the dtypes differ;
+        a shape has a symbolic dimension (``jax.export``).
       ValueError: as ``depthwise_conv2d``, and ``filter_sizes`` that are not 4
         non-negative ints or disagree with the input, or an ``out_backprop`` whose
         shape differs from the computed output shape.

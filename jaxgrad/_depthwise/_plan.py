@@ -205,8 +205,10 @@ def _explicit_pads(
 
 
 def check_rank(op: str, name: str, shape: Sequence[int]) -> None:
+    """An operand's shape: rank 4, of concrete lengths."""
     if len(shape) != 4:
         raise ValueError(f"{op}: {name} must have rank 4, got rank {len(shape)} ({tuple(shape)})")
+    _checks.check_concrete_shape(op, name, shape)
 
 
 def check_sizes(op: str, name: str, value: Any) -> tuple[int, ...]:

@@ -108,7 +108,8 @@ def resample(
     Raises:
       TypeError: ``x`` is not an array, or its dtype does not suit ``mode``;
         ``scales`` is a single number; a shape or parameter is traced (they must
-        be static Python values).
+        be static Python values); ``x``'s shape has a symbolic dimension
+        (``jax.export``).
       ValueError: ``x`` is 0-d; a scale is not positive and finite; an offset is
         not finite; a per-axis argument has the wrong length; ``mode`` or
         ``rounding`` is unknown; an output length is negative, or the default
@@ -205,7 +206,8 @@ def resample_grad(
       ``input_shape`` and the dtype of ``dy``.
 
     Raises:
-      TypeError: ``dy`` is not a floating array.
+      TypeError: ``dy`` is not a floating array, or its shape has a symbolic
+        dimension (``jax.export``).
       ValueError: ``input_shape``'s rank differs from ``dy``'s, or a length is
         negative, or an axis of ``input_shape`` is empty where ``dy``'s is not,
         or an axis is longer than ``2**31 - 1``, or any argument ``resample``
@@ -336,8 +338,10 @@ compiled_core = _compiled.core(resample_core, static_argnums=(1, 2, 3))
 
 
 def check_rank(op: str, name: str, x: jax.Array) -> None:
+    """An operand's shape: rank 1 or more, of concrete lengths."""
     if x.ndim == 0:
         raise ValueError(f"{op}: {name} must have rank >= 1, got a 0-d array")
+    _checks.check_concrete_shape(op, name, x.shape)
 
 
 def check_mode(op: str, mode: Any, rounding: Any) -> tuple[str, str]:

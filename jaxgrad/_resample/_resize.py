@@ -84,7 +84,8 @@ def resize(
       The resized array, with the dtype of ``x``.
 
     Raises:
-      TypeError: ``x`` is not an array, or its dtype does not suit ``mode``.
+      TypeError: ``x`` is not an array, or its dtype does not suit ``mode``, or
+        its shape has a symbolic dimension (``jax.export``).
       ValueError: both or neither of ``output_shape`` and ``scales``; a negative
         length or a scale that is not positive; a per-axis argument of the wrong
         length; an unknown mode; ``scales`` that give an output length of 0; an
