@@ -432,6 +432,16 @@ def test_an_empty_input_reads_only_padding(data_format, m):
 
 
 @pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
+def test_an_empty_input_gives_zeros_whatever_the_filter(implementation):
+    # Nothing to multiply: no 0 * inf, as TensorFlow 2.21 gives it.
+    cfg = make_cfg((2, 0, 4, 3), (2, 1, 3, 2), (1, 1), (1, 1), "EXPLICIT", ((2, 1), (0, 0)))
+    x, f, dy = random_operands(cfg, 5)
+    f[0, 0, 0, 0], f[1, 0, 2, 1] = np.inf, np.nan
+    y, _, _ = run_all_three(cfg, "NHWC", x, f, dy, implementation=implementation)
+    np.testing.assert_array_equal(y, np.zeros(out_shape(cfg)))
+
+
+@pytest.mark.parametrize("implementation", ["xla", pytest.param("pallas", marks=needs_kernels)])
 @pytest.mark.parametrize("kernel", [3, 7])  # 7x7: "xla" sums the filter gradient by rows
 def test_a_batch_of_zero_images(implementation, kernel):
     # No images: empty results, and a filter gradient of zeros (an empty sum), in
