@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export
 
 FLOAT_DTYPES = (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)
 _FLOAT_NAMES = "float16, bfloat16, float32 or float64"
@@ -40,15 +41,25 @@ def floating_array(op: str, name: str, value: Any) -> jax.Array:
     return x
 
 
-def check_concrete_shape(op: str, name: str, shape: Sequence[Any]) -> None:
+def check_concrete_shape(
+    op: str, name: str, shape: Sequence[Any], *, symbolic_batch: bool = False
+) -> None:
     """Raises ``TypeError`` if ``shape`` has a symbolic length (``jax.export``'s
-    shape polymorphism): an op that plans its sums from the lengths needs them."""
-    if not all(isinstance(n, int) for n in shape):
+    shape polymorphism): an op that plans its sums from the lengths needs them.
+    With ``symbolic_batch``, the first length (an op's batch) may be symbolic."""
+    planned = shape[1:] if symbolic_batch else shape
+    if any(is_symbolic(n) for n in planned):
+        which = "lengths other than the batch" if symbolic_batch else "lengths"
         raise TypeError(
             f"{op}: {name} must have a concrete shape, got {tuple(shape)}: the op plans "
-            "its sums from the lengths, which jax.export's symbolic dimensions leave "
-            "unknown; export with concrete shapes"
+            f"its sums from the {which}, which jax.export's symbolic dimensions leave "
+            "unknown; export with concrete ones"
         )
+
+
+def is_symbolic(n: Any) -> bool:
+    """Whether the length ``n`` is symbolic (``jax.export``'s shape polymorphism)."""
+    return bool(export.is_symbolic_dim(n))
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -88,13 +99,16 @@ def is_scalar(value: Any) -> bool:
     return isinstance(value, np.ndarray | jax.Array) and value.ndim == 0
 
 
-def int_tuple(op: str, name: str, value: Any) -> tuple[int, ...]:
-    """A sequence of Python or NumPy integers as a tuple of ints."""
+def int_tuple(op: str, name: str, value: Any, *, symbolic_first: bool = False) -> tuple[int, ...]:
+    """A sequence of Python or NumPy integers as a tuple of ints; with
+    ``symbolic_first``, the first may be a symbolic length (a batch)."""
     check_static(op, name, value)
     if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
         raise TypeError(f"{op}: {name} must be a sequence of ints, got {value!r}")
+    values = list(value)
+    first = values[:1] if symbolic_first and values and is_symbolic(values[0]) else []
     try:
-        return tuple(operator.index(v) for v in value)
+        return (*first, *(operator.index(v) for v in values[len(first) :]))
     except TypeError:
         raise TypeError(f"{op}: {name} must be a sequence of ints, got {value!r}") from None
 

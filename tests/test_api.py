@@ -15,6 +15,7 @@ from jax import export
 import jaxgrad
 from jaxgrad import _implementation
 from jaxgrad._depthwise import _ops as _depthwise_ops
+from jaxgrad._depthwise import _xla as _depthwise_xla
 from jaxgrad._resample import _ops as _resample_ops
 
 PUBLIC = [getattr(jaxgrad, name) for name in jaxgrad.__all__]
@@ -320,8 +321,8 @@ def test_exported_for_cuda_where_there_is_a_gpu_holds_the_kernels(patch):
     assert exported.mlir_module().count(TRITON_CALL) > 0
 
 
-# Each op with planned sums, on an operand of a symbolic batch (jax.export's shape
-# polymorphism).
+# Each op with planned sums, on an operand with a symbolic length its plan reads
+# (jax.export's shape polymorphism): the depthwise ops' rows, resampling's batch.
 F = jnp.ones((3, 3, 4, 1), jnp.float32)
 PLANNED = {
     "depthwise_conv2d": lambda x: jaxgrad.depthwise_conv2d(x, F, (1, 1), "SAME"),
@@ -338,11 +339,71 @@ PLANNED = {
 
 
 @pytest.mark.parametrize("op", sorted(PLANNED))
-def test_a_symbolic_dimension_is_refused_by_name(op):
+def test_a_symbolic_length_is_refused_by_name(op):
+    (length,) = export.symbolic_shape("n")
+    shape = (2, length, 8, 4) if op.startswith("depthwise") else (length, 8, 8, 4)
+    x = jax.ShapeDtypeStruct(shape, jnp.float32)
+    with pytest.raises(TypeError, match=rf"{op}: \w+ must have a concrete shape, got \((2, )?n"):
+        export.export(jax.jit(PLANNED[op]))(x)
+
+
+def _depthwise_step(x, f, dy, data_format):
+    """The three ops and a gradient through the forward, strided, with a multiplier."""
+    kw = dict(data_format=data_format)
+    y = jaxgrad.depthwise_conv2d(x, f, (2, 2), "SAME", **kw)
+    dx = jaxgrad.depthwise_conv2d_backprop_input(x.shape, f, dy, (2, 2), "SAME", **kw)
+    df = jaxgrad.depthwise_conv2d_backprop_filter(x, f.shape, dy, (2, 2), "SAME", **kw)
+    loss = lambda x, f: (jaxgrad.depthwise_conv2d(x, f, (2, 2), "SAME", **kw) ** 2).sum()  # noqa: E731
+    return y, dx, df, *jax.grad(loss, argnums=(0, 1))(x, f)
+
+
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_depthwise_exports_with_a_symbolic_batch(data_format):
+    # No plan reads the batch: one artifact, for every platform, serves any batch,
+    # with the bits of a program compiled for that batch.
+    (batch,) = export.symbolic_shape("b")
+    nhwc = data_format == "NHWC"
+    x_shape = (batch, 7, 6, 3) if nhwc else (batch, 3, 7, 6)
+    y_shape = (batch, 4, 3, 6) if nhwc else (batch, 6, 4, 3)
+    step = jax.jit(functools.partial(_depthwise_step, data_format=data_format))
+    specs = [
+        jax.ShapeDtypeStruct(x_shape, jnp.float32),
+        jax.ShapeDtypeStruct((3, 3, 3, 2), jnp.float32),
+        jax.ShapeDtypeStruct(y_shape, jnp.float32),
+    ]
+    exported = export.export(step, platforms=("cpu", "cuda", "tpu"))(*specs)
+    rng = np.random.default_rng(0)
+    for n in (1, 3):
+        args = [
+            rng.normal(size=[n if d is batch else d for d in spec.shape]).astype(np.float32)
+            for spec in specs
+        ]
+        for got, want in zip(exported.call(*args), step(*args), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_symbolic_batch_is_summed_in_order_where_gpus_sum_it():
+    # The filter gradient's fixed-order sum on GPUs adds a symbolic batch up in a
+    # loop, in the order of the unrolled sum of a concrete one: the same bits.
+    (batch,) = export.symbolic_shape("b")
+    tree_sum = jax.jit(functools.partial(_depthwise_xla._tree_sum, axes=(0, 1)))
+    exported = export.export(tree_sum)(jax.ShapeDtypeStruct((batch, 5, 3), jnp.float32))
+    partials = np.random.default_rng(1).normal(size=(6, 5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(exported.call(partials), tree_sum(partials))
+
+
+def test_the_kernels_refuse_a_symbolic_batch(patch):
+    # They launch programs per block of images: "pallas" raises, and the default
+    # on a CUDA GPU computes with "xla" (no Triton call in the exported program).
     (batch,) = export.symbolic_shape("b")
     x = jax.ShapeDtypeStruct((batch, 8, 8, 4), jnp.float32)
-    with pytest.raises(TypeError, match=rf"{op}: \w+ must have a concrete shape, got \(b, 8"):
-        export.export(jax.jit(PLANNED[op]))(x)
+    conv = functools.partial(jaxgrad.depthwise_conv2d, strides=(1, 1), padding="SAME")
+    with pytest.raises(ValueError, match=r"cannot compute this case: a symbolic batch \(b\)"):
+        export.export(jax.jit(lambda x: conv(x, F, implementation="pallas")))(x)
+    patch(_implementation, "_cuda_capability", lambda: H100_CAPABILITY)
+    with gpu_stand_in():
+        exported = export.export(jax.jit(lambda x: conv(x, F)), platforms=("cuda",))(x)
+    assert TRITON_CALL not in exported.mlir_module()
 
 
 def test_relu_exports_with_a_symbolic_batch():

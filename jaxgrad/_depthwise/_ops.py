@@ -93,12 +93,12 @@ def depthwise_conv2d(
 
     Raises:
       TypeError: an argument is not an array, not floating, or the dtypes differ;
-        a shape has a symbolic dimension (``jax.export``).
+        a length other than the batch is symbolic (``jax.export``).
       ValueError: a rank is not 4; the channels of input and filter differ; an
         output size is negative; a bad padding, data_format, strides,
         dilations, explicit_paddings or implementation; ``"pallas"`` asked for
-        where it cannot run (a backend other than CPU and CUDA, or a JAX without
-        Pallas' Triton backend).
+        where it cannot run (a backend other than CPU and CUDA, a JAX without
+        Pallas' Triton backend, or a symbolic batch).
 
     Examples:
       >>> import jax.numpy as jnp, jaxgrad
@@ -115,7 +115,7 @@ def depthwise_conv2d(
     x = _checks.floating_array(op, "input", input)
     f = same_dtype(op, x, "filter", filter)
     check_rank(op, "input", x.shape)
-    check_rank(op, "filter", f.shape)
+    check_rank(op, "filter", f.shape, batched=False)
     conv = configure(
         op, x.shape, f.shape, strides, padding, data_format, dilations, explicit_paddings
     )
@@ -181,7 +181,7 @@ def depthwise_conv2d_backprop_input(
 
     Raises:
       TypeError: an argument is not an array, not floating, or the dtypes differ;
-        a shape has a symbolic dimension (``jax.export``).
+        a length other than the batch is symbolic (``jax.export``).
       ValueError: as ``depthwise_conv2d``, and ``input_sizes`` that are not 4
         non-negative ints or disagree with the filter, or an ``out_backprop`` whose
         shape differs from the computed output shape.
@@ -202,8 +202,8 @@ def depthwise_conv2d_backprop_input(
     op = "depthwise_conv2d_backprop_input"
     f = _checks.floating_array(op, "filter", filter)
     dy = same_dtype(op, f, "out_backprop", out_backprop)
-    sizes = check_sizes(op, "input_sizes", input_sizes)
-    check_rank(op, "filter", f.shape)
+    sizes = check_sizes(op, "input_sizes", input_sizes, batched=True)
+    check_rank(op, "filter", f.shape, batched=False)
     check_rank(op, "out_backprop", dy.shape)
     conv = configure(
         op, sizes, f.shape, strides, padding, data_format, dilations, explicit_paddings
@@ -266,7 +266,7 @@ def depthwise_conv2d_backprop_filter(
 
     Raises:
       TypeError: an argument is not an array, not floating, or the dtypes differ;
-        a shape has a symbolic dimension (``jax.export``).
+        a length other than the batch is symbolic (``jax.export``).
       ValueError: as ``depthwise_conv2d``, and ``filter_sizes`` that are not 4
         non-negative ints or disagree with the input, or an ``out_backprop`` whose
         shape differs from the computed output shape.
@@ -286,7 +286,7 @@ def depthwise_conv2d_backprop_filter(
     op = "depthwise_conv2d_backprop_filter"
     x = _checks.floating_array(op, "input", input)
     dy = same_dtype(op, x, "out_backprop", out_backprop)
-    sizes = check_sizes(op, "filter_sizes", filter_sizes)
+    sizes = check_sizes(op, "filter_sizes", filter_sizes, batched=False)
     check_rank(op, "input", x.shape)
     check_rank(op, "out_backprop", dy.shape)
     conv = configure(
@@ -314,6 +314,14 @@ def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
     configuration, in the dtypes training runs in (float64 stays on "xla")."""
     del conv  # the kernels cover every stride, dilation, padding, layout and multiplier
     return bool(jnp.dtype(dtype) != jnp.float64)
+
+
+def _refusal(conv: Conv) -> str | None:
+    """Why the kernels cannot compute ``conv``, or None: they launch a program per
+    block of images, so they need the batch's length."""
+    if _checks.is_symbolic(conv.batch):
+        return f"a symbolic batch ({conv.batch})"
+    return None
 
 
 def _run(
@@ -351,6 +359,7 @@ def _run(
             pallas=functools.partial(pallas, conv=conv),
             pallas_available=_pallas.AVAILABLE,
             pallas_preferred=_preferred(conv, args[0].dtype),
+            pallas_refusal=_refusal(conv),
         )
     if specs is None:
         return result

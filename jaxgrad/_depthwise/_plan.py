@@ -204,17 +204,21 @@ def _explicit_pads(
     return (h[0], h[1]), (w[0], w[1])
 
 
-def check_rank(op: str, name: str, shape: Sequence[int]) -> None:
-    """An operand's shape: rank 4, of concrete lengths."""
+def check_rank(op: str, name: str, shape: Sequence[int], *, batched: bool = True) -> None:
+    """An operand's shape: rank 4, of concrete lengths but for a ``batched``
+    operand's batch, which no plan reads (a symbolic one exports)."""
     if len(shape) != 4:
         raise ValueError(f"{op}: {name} must have rank 4, got rank {len(shape)} ({tuple(shape)})")
-    _checks.check_concrete_shape(op, name, shape)
+    _checks.check_concrete_shape(op, name, shape, symbolic_batch=batched)
 
 
-def check_sizes(op: str, name: str, value: Any) -> tuple[int, ...]:
+def check_sizes(op: str, name: str, value: Any, *, batched: bool) -> tuple[int, ...]:
+    """An operand's sizes given as such (``input_sizes``, ``filter_sizes``): 4
+    non-negative ints, a ``batched`` operand's batch perhaps symbolic."""
     # Shapes are static in JAX: a sequence of ints such as x.shape, never a traced array.
-    values = _checks.int_tuple(op, name, value)
-    if len(values) != 4 or min(values) < 0:
+    values = _checks.int_tuple(op, name, value, symbolic_first=batched)
+    concrete = [v for v in values if not _checks.is_symbolic(v)]
+    if len(values) != 4 or min(concrete) < 0:
         raise ValueError(f"{op}: {name} must be 4 non-negative ints, got {values}")
     return values
 

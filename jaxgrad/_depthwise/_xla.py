@@ -615,8 +615,24 @@ def _tree_sum(partials: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     for axis in reversed(rest):
         while total.shape[axis] > 1:
             total = _sum_level(total, axis, _FAN_IN)
-    total = _sum_level(total, batch, total.shape[batch])
+    if _checks.is_symbolic(total.shape[batch]):
+        total = _sum_in_a_loop(total, batch)
+    else:
+        total = _sum_level(total, batch, total.shape[batch])
     return total.reshape(shape)
+
+
+def _sum_in_a_loop(total: jax.Array, axis: int) -> jax.Array:
+    """``total`` summed along ``axis``, of a symbolic length (an exported batch),
+    one slice after another: a fixed order however long the axis turns out."""
+
+    def add(i: jax.Array, acc: jax.Array) -> jax.Array:
+        summed: jax.Array = acc + lax.dynamic_index_in_dim(total, i, axis, keepdims=False)
+        return summed
+
+    first = lax.index_in_dim(total, 0, axis, keepdims=False)
+    summed: jax.Array = lax.fori_loop(1, total.shape[axis], add, first)
+    return summed
 
 
 def _sum_level(total: jax.Array, axis: int, fan_in: int) -> jax.Array:
