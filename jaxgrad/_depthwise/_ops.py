@@ -316,14 +316,6 @@ def _preferred(conv: Conv, dtype: jax.typing.DTypeLike) -> bool:
     return bool(jnp.dtype(dtype) != jnp.float64)
 
 
-def _refusal(conv: Conv) -> str | None:
-    """Why the kernels cannot compute ``conv``, or None: they launch a program per
-    block of images, so they need the batch's length."""
-    if _checks.is_symbolic(conv.batch):
-        return f"a symbolic batch ({conv.batch})"
-    return None
-
-
 def _run(
     op: str,
     impl: str | None,
@@ -359,7 +351,7 @@ def _run(
             pallas=functools.partial(pallas, conv=conv),
             pallas_available=_pallas.AVAILABLE,
             pallas_preferred=_preferred(conv, args[0].dtype),
-            pallas_refusal=_refusal(conv),
+            pallas_refusal=_pallas.refusal(conv),
         )
     if specs is None:
         return result

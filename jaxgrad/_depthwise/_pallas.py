@@ -1057,6 +1057,14 @@ def _walk_input_kernel(
     _walk_sums(read, write, taps, conv, zero, outputs=launch.cols, first=first, stride=1, kept=kept)
 
 
+def refusal(conv: Conv) -> str | None:
+    """Why the kernels cannot compute ``conv``, or None: they launch programs per
+    block of images, so they need the batch's length."""
+    if _checks.is_symbolic(conv.batch):
+        return f"a symbolic batch ({conv.batch})"
+    return None
+
+
 def forward(x: jax.Array, f: jax.Array, conv: Conv, *, interpret: bool) -> jax.Array:
     launch, kernel, grid = _chosen(
         conv, interpret, "forward", _forward_kernel, _walk_forward_kernel
